@@ -1,0 +1,5 @@
+import sys
+
+from dice.cli import main
+
+sys.exit(main())

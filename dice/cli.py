@@ -1,0 +1,56 @@
+"""The ``dice`` command line: a thin dispatcher over the sub-command modules in :mod:`dice.commands`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from dice import __version__
+
+# One module per top-level sub-command; each defines ``add_parser(subparsers) -> None``.
+COMMAND_MODULES: tuple[str, ...] = (
+    "dice.commands.masks",
+)
+
+
+class CliError(Exception):
+    """A user-facing error: printed without a traceback, exit code ``code``."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dice",
+        description="DICE kernel assistant: fill masks in CUDA files and generate kernels, validated on your GPU.",
+    )
+    parser.add_argument("--version", action="version", version=f"dice {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(func(args) or 0)
+    except CliError as exc:
+        print(f"dice: error: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        print("dice: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

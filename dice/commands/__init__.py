@@ -1,0 +1,1 @@
+"""Sub-commands of ``dice``. Each module defines ``add_parser(subparsers)`` and sets ``func`` on its parser."""

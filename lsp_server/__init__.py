@@ -1,0 +1,1 @@
+"""lsp_server package."""

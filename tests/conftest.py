@@ -1,0 +1,51 @@
+"""Shared test configuration: the ``gpu`` marker skips without CUDA; ``shared_data`` finds ../shared/data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _cuda_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+def find_shared_data() -> Path | None:
+    """The ../shared/data folder beside the checkout (or $DICE_SHARED_DATA), or None when absent."""
+    env = os.environ.get("DICE_SHARED_DATA")
+    candidates = [Path(env)] if env else []
+    candidates += [REPO_ROOT.parent / "shared" / "data", REPO_ROOT / "shared" / "data"]
+    for path in candidates:
+        if path.is_dir():
+            return path
+    return None
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    path = find_shared_data()
+    if path is None:
+        pytest.skip("../shared/data is absent")
+    return path
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
