@@ -5,9 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
-# A CPU torch keeps a fresh machine's install small; an existing torch (e.g. a CUDA build) is kept.
-"$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch==2.13.0"
-"$PY" -m pip install -q -e ".[all]"
+bash scripts/install.sh
 
 "$PY" -m ruff check .
 
