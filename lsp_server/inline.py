@@ -1,0 +1,147 @@
+"""Inline completion: which mask a request is about, the items it returns, and request scheduling.
+
+Scheduling rules (issue 5): a newer request for a document cancels the older one; automatic requests
+wait an adaptive debounce first; results for a stale document version are dropped by the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lsprotocol import types
+
+from lsp_server.diagnostics import lsp_range
+from lsp_server.verdicts import verdict_label
+
+
+def contains(rng: types.Range, pos: types.Position) -> bool:
+    """Inclusive at both ends: a cursor right after ``/* <MASK> */`` is still at the mask."""
+    start = (rng.start.line, rng.start.character)
+    end = (rng.end.line, rng.end.character)
+    return start <= (pos.line, pos.character) <= end
+
+
+def mask_at(masks: Sequence[Any], pos: types.Position) -> Any | None:
+    """The ``dice.cuda_source.Mask`` under the cursor, if any."""
+    for mask in masks:
+        if contains(lsp_range(mask.range), pos):
+            return mask
+    return None
+
+
+def is_single_line(rng: types.Range) -> bool:
+    return rng.start.line == rng.end.line
+
+
+def completion_items(
+    candidates: Sequence[Any],
+    rng: types.Range,
+    *,
+    limit: int,
+    prefix: str = "",
+) -> list[types.InlineCompletionItem]:
+    """Items for ranked ``dice.assistant.Candidate``s (best first), replacing ``rng``.
+
+    ``prefix`` is the text of a selected completion item the suggestion must start with; duplicates
+    (same text) are dropped so cycling shows distinct suggestions.
+    """
+    items: list[types.InlineCompletionItem] = []
+    seen: set[str] = set()
+    for cand in candidates:
+        text = prefix + cand.text
+        if not cand.text.strip() or text in seen:
+            continue
+        seen.add(text)
+        items.append(
+            types.InlineCompletionItem(
+                insert_text=text,
+                range=rng,
+                filter_text=prefix or None,
+            )
+        )
+        if len(items) >= limit:
+            break
+    return items
+
+
+def candidate_labels(candidates: Sequence[Any]) -> list[str]:
+    return [verdict_label(c.verdict) for c in candidates]
+
+
+class AdaptiveDebounce:
+    """How long an automatic request waits before running the model.
+
+    It follows the user's typing rhythm: the median gap between recent edits of the document, times 1.5,
+    clamped to [min_s, max_s]. Fast typists get a short wait (a newer request would cancel the
+    older anyway); slow or paused typing gets a quick answer.
+    """
+
+    def __init__(self, min_s: float = 0.05, max_s: float = 0.6, history: int = 8) -> None:
+        self.min_s = min_s
+        self.max_s = max_s
+        self._edits: dict[str, deque[float]] = {}
+        self._history = history
+
+    def record_edit(self, uri: str, now: float | None = None) -> None:
+        self._edits.setdefault(uri, deque(maxlen=self._history + 1)).append(
+            time.monotonic() if now is None else now
+        )
+
+    def forget(self, uri: str) -> None:
+        self._edits.pop(uri, None)
+
+    def delay(self, uri: str, now: float | None = None) -> float:
+        times = self._edits.get(uri)
+        if not times or len(times) < 2:
+            return self.min_s
+        now = time.monotonic() if now is None else now
+        if now - times[-1] > self.max_s:
+            return self.min_s  # the user paused: answer now
+        gaps = [b - a for a, b in zip(times, list(times)[1:], strict=False)]
+        return min(self.max_s, max(self.min_s, 1.5 * statistics.median(gaps)))
+
+
+@dataclass
+class Ticket:
+    uri: str
+    seq: int
+    cancel: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class RequestTracker:
+    """The one live inline request per document; starting another cancels the older one."""
+
+    def __init__(self) -> None:
+        self._live: dict[str, Ticket] = {}
+        self._seq = 0
+
+    def start(self, uri: str) -> Ticket:
+        self._seq += 1
+        older = self._live.get(uri)
+        if older is not None:
+            older.cancel.set()
+        ticket = Ticket(uri=uri, seq=self._seq)
+        self._live[uri] = ticket
+        return ticket
+
+    def is_live(self, ticket: Ticket) -> bool:
+        return self._live.get(ticket.uri) is ticket and not ticket.cancel.is_set()
+
+    def finish(self, ticket: Ticket) -> None:
+        if self._live.get(ticket.uri) is ticket:
+            del self._live[ticket.uri]
+
+    def cancel_document(self, uri: str) -> None:
+        ticket = self._live.pop(uri, None)
+        if ticket is not None:
+            ticket.cancel.set()
+
+    def cancel_all(self) -> None:
+        for uri in list(self._live):
+            self.cancel_document(uri)
