@@ -1,0 +1,157 @@
+"""From a document and a hole in it to the engine's infilling request (prefix, suffix, reference context).
+
+The engine renders the DICE template; this module only decides what text goes into it: the file around
+the hole (the enclosing kernel always, then as much of the rest of the file as fits the model's context),
+with the other masks left as holes, and the file's ``dice-spec`` reference as separate context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dice.cuda_source import CudaDocument
+
+# Code averages 3-4 characters per BPE token; 3 keeps a trimmed prompt inside the context window.
+CHARS_PER_TOKEN = 3
+# Tokens the chat template and instructions take around prefix, suffix and context.
+TEMPLATE_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class Hole:
+    """A span of the document to fill: an explicit mask comment, or a zero-width cursor position.
+
+    ``index`` is the mask index (-1 for the implicit hole at a cursor); bytes are UTF-8 offsets.
+    """
+
+    index: int
+    start_byte: int
+    end_byte: int
+    budget: int | None
+    function_start_byte: int | None = None
+    function_end_byte: int | None = None
+
+
+@dataclass(frozen=True)
+class InfillRequest:
+    prefix: str
+    suffix: str
+    context: str | None
+    max_new_tokens: int
+
+    def key(self) -> tuple[str, str, str | None, int]:
+        return (self.prefix, self.suffix, self.context, self.max_new_tokens)
+
+
+def spec_context(doc: CudaDocument) -> str | None:
+    """The dice-spec reference as the prompt's context block, or None without a spec."""
+    if doc.spec is None or not doc.spec.source.strip():
+        return None
+    return "# dice-spec: Python reference for the kernels in this file\n" + doc.spec.source.rstrip() + "\n"
+
+
+def build_infill_request(
+    text: str,
+    doc: CudaDocument,
+    hole: Hole,
+    *,
+    default_max_new_tokens: int,
+    context_tokens: int | None,
+) -> InfillRequest:
+    """The prompt pieces for ``hole``. ``context_tokens`` is the model's context length (None: unlimited).
+
+    A ``<MASK:N>`` budget caps the new tokens at N. The dice-spec comment is cut out of prefix/suffix when
+    it is passed as context (it would otherwise appear twice); every other byte of the file, other masks
+    included, stays as written.
+    """
+    data = text.encode("utf-8")
+    max_new = min(hole.budget, default_max_new_tokens) if hole.budget else default_max_new_tokens
+    context = spec_context(doc)
+
+    fstart = hole.function_start_byte if hole.function_start_byte is not None else hole.start_byte
+    fend = hole.function_end_byte if hole.function_end_byte is not None else hole.end_byte
+    fstart, fend = min(fstart, hole.start_byte), max(fend, hole.end_byte)
+    cut = (0, 0)  # the dice-spec comment's bytes, left out of prefix/suffix when it is the context
+    if context is not None and doc.spec is not None:
+        s, e = doc.spec.start_byte, doc.spec.end_byte
+        if e <= hole.start_byte or s >= hole.end_byte:
+            cut = (s, e)
+    before = data[: min(cut[0], hole.start_byte)] + data[min(cut[1], hole.start_byte) : hole.start_byte]
+    after = data[hole.end_byte : max(cut[0], hole.end_byte)] + data[max(cut[1], hole.end_byte) :]
+    # before[keep_before:] and after[:keep_after] are the enclosing function around the hole
+    keep_before = fstart - _overlap((0, fstart), cut)
+    keep_after = (fend - hole.end_byte) - _overlap((hole.end_byte, fend), cut)
+
+    if context_tokens is not None:
+        budget_tokens = context_tokens - max_new - TEMPLATE_TOKENS
+        if context is not None:
+            budget_tokens -= len(context) // CHARS_PER_TOKEN
+        budget_chars = max(0, budget_tokens * CHARS_PER_TOKEN)
+        before, after = _trim(before, after, budget_chars, keep_before, keep_after)
+
+    return InfillRequest(
+        prefix=before.decode("utf-8", errors="replace"),
+        suffix=after.decode("utf-8", errors="replace"),
+        context=context,
+        max_new_tokens=max_new,
+    )
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> int:
+    return max(0, min(a[1], b[1]) - max(a[0], b[0]))
+
+
+def _trim(before: bytes, after: bytes, budget: int, keep_before: int, keep_after: int) -> tuple[bytes, bytes]:
+    """Cut ``before`` from the left and ``after`` from the right, at line boundaries, to ``budget`` bytes.
+
+    ``before[keep_before:]`` and ``after[:keep_after]`` (the enclosing function) are kept whole when they fit;
+    the remaining budget goes two thirds to the text before the hole, which matters more for a fill.
+    """
+    if len(before) + len(after) <= budget:
+        return before, after
+    must_before = len(before) - keep_before
+    must_after = keep_after
+    if must_before + must_after > budget:
+        # the function alone is too long: keep the text nearest the hole
+        share_before = min(must_before, (2 * budget) // 3)
+        share_after = min(must_after, budget - share_before)
+        share_before = min(must_before, budget - share_after)
+    else:
+        spare = budget - must_before - must_after
+        extra_before = min(keep_before, (2 * spare) // 3)
+        extra_after = min(len(after) - must_after, spare - extra_before)
+        extra_before = min(keep_before, spare - extra_after)
+        share_before = must_before + extra_before
+        share_after = must_after + extra_after
+    return _tail_at_line(before, share_before), _head_at_line(after, share_after)
+
+
+def _tail_at_line(data: bytes, size: int) -> bytes:
+    if size >= len(data):
+        return data
+    if size <= 0:
+        return b""
+    tail = data[len(data) - size :]
+    cut = tail.find(b"\n")
+    # starting after a newline keeps UTF-8 sequences whole
+    return tail[cut + 1 :] if cut >= 0 else _valid_utf8_tail(tail)
+
+
+def _head_at_line(data: bytes, size: int) -> bytes:
+    if size >= len(data):
+        return data
+    if size <= 0:
+        return b""
+    head = data[:size]
+    cut = head.rfind(b"\n")
+    return head[: cut + 1] if cut >= 0 else head.decode("utf-8", errors="ignore").encode("utf-8")
+
+
+def _valid_utf8_tail(data: bytes) -> bytes:
+    # skip UTF-8 continuation bytes (0b10xxxxxx) at the start
+    i = 0
+    while i < len(data) and (data[i] & 0xC0) == 0x80:
+        i += 1
+    return data[i:]
