@@ -12,6 +12,8 @@ from dice import __version__
 # One module per top-level sub-command; each defines ``add_parser(subparsers) -> None``.
 COMMAND_MODULES: tuple[str, ...] = (
     "dice.commands.masks",
+    "dice.commands.complete",
+    "dice.commands.generate",
 )
 
 

@@ -1,0 +1,170 @@
+"""``dice complete FILE.cu``: fill every mask of a CUDA file with validated, ranked candidates."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import difflib
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+from dice.cli import CliError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from dice.assistant.console import add_settings_arguments
+
+    parser = subparsers.add_parser(
+        "complete",
+        help="fill the masks of a CUDA file with validated candidates",
+        description=(
+            "Fill every /* <MASK> */ of FILE with the DICE model, validate each candidate (compile always; "
+            "run and time against the file's dice-spec when a GPU exists), rank them (compiled > correct > "
+            "faster > confidence) and print a unified diff of the best fills."
+        ),
+    )
+    parser.add_argument("file", type=Path, metavar="FILE", help=".cu or .cuh file with masks")
+    add_settings_arguments(parser, count_flag="--candidates", count_default=3)
+    parser.add_argument("--json", action="store_true", help="print every candidate with its verdict as JSON")
+    parser.add_argument("--write", action="store_true",
+                        help="rewrite FILE with the best fills (refused when nothing compiled)")
+    parser.add_argument("--force", action="store_true", help="with --write: write even if nothing compiled")
+    parser.set_defaults(func=run)
+
+
+def read_source(path: Path) -> str:
+    """The file's text, bytes preserved (no newline translation); CliError when it cannot be read."""
+    if not path.exists():
+        raise CliError(f"{path}: no such file")
+    if path.is_dir():
+        raise CliError(f"{path}: is a folder, not a file")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CliError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{path}: not UTF-8 text (byte {exc.start} is invalid)") from exc
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (UTF-8, bytes as given) so that a crash never leaves half a file."""
+    mode = path.stat().st_mode & 0o7777
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".dice", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text.encode("utf-8"))
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _lines(text: str) -> list[str]:
+    # split on "\n" only: str.splitlines would also split on \x0b, \x1c, U+2028... and misnumber the hunks
+    return re.findall(r"[^\n]*\n|[^\n]+$", text)
+
+
+def unified_diff(path: Path, before: str, after: str) -> str:
+    lines = difflib.unified_diff(_lines(before), _lines(after), fromfile=f"a/{path}", tofile=f"b/{path}")
+    out = []
+    for line in lines:
+        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return "".join(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dice.assistant.console import (
+        ProgressDisplay,
+        check_model_path,
+        first_line,
+        settings_from_args,
+        stderr_console,
+        verdict_label,
+    )
+    from dice.cuda_source import parse_document
+
+    console = stderr_console(args.quiet)
+    path: Path = args.file
+    text = read_source(path)
+    doc = parse_document(text)
+    if not doc.masks:
+        if args.json:
+            print(json.dumps({"file": str(path), "model": None, "masks": [], "best_verdict": None,
+                              "partial": False, "from_cache": False}, indent=2))
+        console.print(f"No masks in {path}: nothing to fill (a mask is a comment such as /* <MASK> */).")
+        return 0
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    problem = check_model_path(settings.model_path)
+    if problem:
+        raise CliError(problem)
+    if args.force and not args.write:
+        raise CliError("--force only makes sense with --write")
+
+    from dice.assistant import AssistantService
+
+    with AssistantService(settings) as service:
+        plural = "s" if len(doc.masks) != 1 else ""
+        try:
+            with console.status("Loading the model…", spinner="dots"):
+                info = asyncio.run(service.load())
+        except Exception as exc:  # a bad checkpoint is the user's input: say what is wrong, no traceback
+            raise CliError(f"cannot load the model: {exc}") from exc
+        console.print(f"Model: {info.describe()}")
+        if settings.validation_level == "run":
+            if not service.gpu:
+                console.print("No CUDA GPU: candidates are compile-checked only (not run, not timed).")
+            elif doc.spec is None:
+                console.print(f"No dice-spec in {path}: candidates are compile-checked only.")
+        elif settings.validation_level == "none":
+            console.print("Validation is off: candidates are not compiled.")
+        console.print(f"Filling {len(doc.masks)} mask{plural} in {path}, {settings.candidates} candidate"
+                      f"{'s' if settings.candidates != 1 else ''} each.")
+        with ProgressDisplay(console, enabled=not args.quiet) as display:
+            result = asyncio.run(service.complete_document(text, progress=display))
+
+    for mc in result.masks:
+        best = mc.best
+        where = f"line {mc.mask.range.start.line + 1}"
+        if mc.mask.function:
+            where += f" in {mc.mask.function}"
+        if best is None:
+            console.print(f"  mask {mc.mask.index} ({where}): no candidate")
+            continue
+        console.print(f"  mask {mc.mask.index} ({where}): {verdict_label(best.verdict)} · confidence "
+                      f"{best.confidence:.2f} · {len(mc.candidates)} candidate(s)")
+        if best.verdict is not None and not best.verdict.compiled:
+            console.print(f"    {first_line(best.verdict.message)}")
+    if result.partial:
+        console.print("The latency budget ran out: some candidates were not validated.")
+    stats = result.stats
+    if stats:
+        console.print(f"Generated in {stats.get('generate_s', 0):.2f}s, validated in "
+                      f"{stats.get('validate_s', 0):.2f}s ({int(stats.get('steps', 0))} denoising steps).")
+
+    if args.json:
+        payload = {"file": str(path), **result.to_json()}
+        print(json.dumps(payload, indent=2, ensure_ascii=False))
+    if args.write:
+        verdict = result.best_verdict
+        compiled = verdict is not None and verdict.compiled
+        if not compiled and not args.force:
+            why = ("validation is off" if settings.validation_level == "none"
+                   else "no candidate combination compiled")
+            raise CliError(f"not writing {path}: {why}; pass --force to write the best-ranked fills anyway",
+                           code=1)
+        write_atomically(path, result.best_text)
+        console.print(f"Wrote {path} ({len(result.masks)} mask{plural} filled).")
+    elif not args.json:
+        sys.stdout.write(unified_diff(path, text, result.best_text))
+    return 0
