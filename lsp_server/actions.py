@@ -37,7 +37,9 @@ def cuda_actions(uri: str, masks: Sequence[Any], rng: types.Range) -> list[types
                 types.CodeAction(
                     title="DICE: Fill this mask",
                     kind=types.CodeActionKind.RefactorRewrite,
-                    command=types.Command(title="DICE: Fill this mask", command=FILL_MASK, arguments=[uri, at]),
+                    command=types.Command(
+                        title="DICE: Fill this mask", command=FILL_MASK, arguments=[uri, at]
+                    ),
                 )
             )
             break
@@ -53,7 +55,9 @@ def cuda_actions(uri: str, masks: Sequence[Any], rng: types.Range) -> list[types
         types.CodeAction(
             title="DICE: Validate this kernel",
             kind=f"{SOURCE_KIND}.validateKernel",
-            command=types.Command(title="DICE: Validate this kernel", command=VALIDATE_KERNEL, arguments=[uri]),
+            command=types.Command(
+                title="DICE: Validate this kernel", command=VALIDATE_KERNEL, arguments=[uri]
+            ),
         )
     )
     return actions
@@ -72,7 +76,7 @@ def reference_actions(uri: str) -> list[types.CodeAction]:
 
 
 def filter_kinds(actions: list[types.CodeAction], only: Sequence[str] | None) -> list[types.CodeAction]:
-    """Honour ``CodeActionContext.only``: a kind matches itself and its sub-kinds (``source`` ⊇ ``source.dice``)."""
+    """Honour ``CodeActionContext.only``: a kind matches itself and its sub-kinds."""
     if not only:
         return actions
     wanted = [str(k) for k in only]
@@ -106,7 +110,9 @@ def parse_arguments(command: str, args: Sequence[Any] | None) -> CommandTarget:
     if command == FILL_MASK:
         raw = args[1] if len(args) > 1 else (first.get("position") if isinstance(first, dict) else None)
         if not isinstance(raw, dict):
-            raise CommandArgumentError(f"{command}: expected a position {{line, character}} as the second argument")
+            raise CommandArgumentError(
+                f"{command}: expected a position {{line, character}} as the second argument"
+            )
         line, character = raw.get("line"), raw.get("character")
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (line, character)):
             raise CommandArgumentError(f"{command}: bad position {raw!r}")

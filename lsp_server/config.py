@@ -154,7 +154,9 @@ def parse_settings(raw: Any) -> ParsedSettings:
         problem = f"dice settings: expected an object, got {type(raw).__name__}; using the defaults"
         return ParsedSettings(DiceSettings(), [problem], unknown)
 
-    sections: dict[str, dict[str, Any]] = {name: {} for name in ("model", "decoding", "suggestions", "validation")}
+    sections: dict[str, dict[str, Any]] = {
+        name: {} for name in ("model", "decoding", "suggestions", "validation")
+    }
     for key, value in raw.items():
         if key not in KEYS:
             unknown.append(str(key))
@@ -178,11 +180,11 @@ def parse_settings(raw: Any) -> ParsedSettings:
 
 def settings_to_wire(settings: DiceSettings) -> dict[str, Any]:
     """The inverse of :func:`parse_settings`: the flat camelCase ``dice`` object."""
-    return {
-        key: getattr(getattr(settings, section), name) for key, (section, name, _check) in KEYS.items()
-    }
+    return {key: getattr(getattr(settings, section), name) for key, (section, name, _check) in KEYS.items()}
 
 
 def replace_section(settings: DiceSettings, section: str, **changes: Any) -> DiceSettings:
     """A copy with some fields of one section changed (e.g. toggling automatic suggestions)."""
-    return dataclasses.replace(settings, **{section: dataclasses.replace(getattr(settings, section), **changes)})
+    return dataclasses.replace(
+        settings, **{section: dataclasses.replace(getattr(settings, section), **changes)}
+    )

@@ -11,6 +11,7 @@ from lsprotocol import types
 from lsp_server.verdicts import verdict_json
 
 SOURCE = "dice"
+FILL_HINT = "“DICE: Fill this mask”"
 
 # NVRTC / nvcc report "<name>(<1-based line>): error: <text>" (CuPy keeps the lines in its log).
 _COMPILER_LINE = re.compile(
@@ -39,7 +40,7 @@ def mask_diagnostics(masks: Sequence[Any]) -> list[types.Diagnostic]:
         out.append(
             types.Diagnostic(
                 range=lsp_range(mask.range),
-                message=f"DICE mask #{mask.index}{where}{budget}: run “Fill this mask” or accept a suggestion",
+                message=f"DICE mask #{mask.index}{where}{budget}: accept a suggestion or run {FILL_HINT}",
                 severity=types.DiagnosticSeverity.Information,
                 source=SOURCE,
                 code="mask",
@@ -100,7 +101,9 @@ def compile_error_diagnostics(
     if not out and v.get("status") == "compile_error":
         out.append(
             types.Diagnostic(
-                range=types.Range(start=types.Position(line=0, character=0), end=types.Position(line=0, character=0)),
+                range=types.Range(
+                    start=types.Position(line=0, character=0), end=types.Position(line=0, character=0)
+                ),
                 message=str(v.get("message") or "compilation failed"),
                 severity=types.DiagnosticSeverity.Error,
                 source=f"{SOURCE} (nvrtc)",

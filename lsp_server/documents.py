@@ -1,4 +1,4 @@
-"""Document snapshots: the text and version a request works on, with the limits that keep the server responsive.
+"""Document snapshots: the text and version a request works on, and the limits that keep the server fast.
 
 A snapshot is immutable; work started on one is dropped if the document's version moved on meanwhile.
 """

@@ -145,3 +145,78 @@ class RequestTracker:
     def cancel_all(self) -> None:
         for uri in list(self._live):
             self.cancel_document(uri)
+
+
+@dataclass(frozen=True)
+class InlinePlan:
+    """What one inline request asks the assistant for."""
+
+    text: str  # the text the model completes: the document, or it with the selected completion applied
+    mask_index: int | None  # an explicit mask, or None: the implicit mask at ``byte_offset``
+    byte_offset: int  # where the suggestion starts, in ``text`` (and in the document)
+    range: types.Range  # what the items replace (single line)
+    prefix: str = ""  # selected completion text the items must start with
+
+
+KERNEL_KINDS = ("global", "device")
+
+
+def _in_kernel_body(doc: Any, byte_offset: int) -> bool:
+    from dice.cuda_source import function_at
+
+    fn = function_at(doc, byte_offset)
+    return (
+        fn is not None
+        and fn.kind in KERNEL_KINDS
+        and fn.body_start_byte is not None
+        and fn.body_start_byte < byte_offset < fn.body_end_byte
+    )
+
+
+def plan_inline(
+    text: str,
+    doc: Any,
+    position: types.Position,
+    selected: types.SelectedCompletionInfo | None = None,
+) -> InlinePlan | None:
+    """Decide what a request at ``position`` completes; None when there is nothing to suggest there.
+
+    At a (single-line) mask comment: that mask, replacing the comment. Inside a ``__global__`` or
+    ``__device__`` body: the implicit mask at the cursor. With a selected completion item, the item's
+    text is applied first and suggestions continue it (their range is the item's range).
+    """
+    from dice.cuda_source import Position, PositionIndex, parse_document
+
+    index = PositionIndex(text)
+    try:
+        cursor = index.position_to_byte(Position(position.line, position.character))
+    except (ValueError, IndexError):
+        return None
+
+    if selected is not None and selected.text:
+        try:
+            start = index.position_to_byte(
+                Position(selected.range.start.line, selected.range.start.character)
+            )
+            end = index.position_to_byte(Position(selected.range.end.line, selected.range.end.character))
+        except (ValueError, IndexError):
+            return None
+        if not (start <= end and is_single_line(selected.range)):
+            return None
+        data = text.encode("utf-8", errors="surrogatepass")
+        inserted = selected.text.encode("utf-8")
+        new_text = (data[:start] + inserted + data[end:]).decode("utf-8", errors="surrogatepass")
+        offset = start + len(inserted)
+        if not _in_kernel_body(parse_document(new_text), offset):
+            return None
+        return InlinePlan(new_text, None, offset, selected.range, prefix=selected.text)
+
+    mask = mask_at(doc.masks, position)
+    if mask is not None:
+        rng = lsp_range(mask.range)
+        if not is_single_line(rng):
+            return None  # a multi-line mask comment is filled by the "Fill this mask" command
+        return InlinePlan(text, mask.index, mask.start_byte, rng)
+    if _in_kernel_body(doc, cursor):
+        return InlinePlan(text, None, cursor, types.Range(start=position, end=position))
+    return None

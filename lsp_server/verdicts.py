@@ -1,4 +1,4 @@
-"""One-line labels for validation verdicts ("compiled ✓ · correct ✓ · 2.3×"), shared by lens, hover and messages.
+"""One-line labels for verdicts ("compiled ✓ · correct ✓ · 2.3×"), shared by lens, hover and messages.
 
 Verdicts arrive as ``dice.validator.Verdict`` objects or as their DESIGN.md JSON dicts; both are accepted.
 """

@@ -22,7 +22,7 @@ def spec_reference_files(spec_source: str | None, cu_path: Path) -> set[Path]:
     """Local Python files a ``.cu`` file's results depend on.
 
     The ``dice-spec`` block's imports (``import ref`` / ``from ref import x`` -> ``ref.py`` beside the file)
-    and ``*.py`` string literals (paths it loads), plus ``<stem>.py`` beside the file (a KernelBench reference).
+    and ``*.py`` string literals (paths it loads), plus ``<stem>.py`` beside the file (KernelBench style).
     Only existing-or-plausible files in the file's folder are returned; nothing is executed.
     """
     folder = cu_path.parent
@@ -39,7 +39,11 @@ def spec_reference_files(spec_source: str | None, cu_path: Path) -> set[Path]:
                         found.add(folder / (alias.name.split(".")[0] + ".py"))
                 elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                     found.add(folder / (node.module.split(".")[0] + ".py"))
-                elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.endswith(".py"):
+                elif (
+                    isinstance(node, ast.Constant)
+                    and isinstance(node.value, str)
+                    and node.value.endswith(".py")
+                ):
                     candidate = Path(node.value)
                     found.add(candidate if candidate.is_absolute() else folder / candidate)
     # Standard-library and installed modules (torch, numpy, ...) are not beside the file: keep only those
@@ -115,7 +119,9 @@ class FileWatcher:
             self._scheduled[(folder, recursive)] = self._observer.schedule(
                 _Handler(self), str(folder), recursive=recursive
             )
-        except OSError as exc:  # e.g. inotify watch limit reached: the feature degrades, the server keeps going
+        except (
+            OSError
+        ) as exc:  # e.g. inotify watch limit reached: the feature degrades, the server keeps going
             logger.warning("cannot watch %s: %s", folder, exc)
 
     def _notice(self, path: Path) -> None:

@@ -1,0 +1,63 @@
+"""``dice-lsp`` entry point: stdio by default, ``--tcp HOST:PORT`` to listen on a socket."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dice-lsp", description="The DICE language server for CUDA files.")
+    parser.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default)")
+    parser.add_argument("--tcp", type=_host_port, metavar="HOST:PORT", help="listen on a TCP socket instead")
+    parser.add_argument("--log-file", help="write the server log here (stderr otherwise)")
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="server log level",
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from lsp_server import __version__
+
+    if args.version:
+        print(f"dice-lsp {__version__}")
+        return 0
+    logging.basicConfig(
+        filename=args.log_file,
+        level=getattr(logging, args.log_level),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # pygls logs every message at INFO; keep its chatter out unless asked for.
+    logging.getLogger("pygls").setLevel(max(logging.getLogger().level, logging.WARNING))
+
+    from lsp_server.server import create_server
+
+    server = create_server()
+    try:
+        if args.tcp:
+            server.start_tcp(*args.tcp)
+        else:
+            server.start_io()
+    finally:
+        server.session.close()
+    # LSP: exit code 0 after shutdown, 1 when the client exits (or vanishes) without it.
+    return 0 if server.protocol._shutdown else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

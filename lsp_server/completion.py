@@ -1,0 +1,108 @@
+"""The inline-completion flow: plan, debounce, call the assistant, drop stale or superseded results."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from lsprotocol import types
+
+from lsp_server.documents import current_version, open_snapshot
+from lsp_server.inline import completion_items, plan_inline
+from lsp_server.session import DiceSession, Offer, ServiceUnavailable
+from lsp_server.verdicts import is_usable
+
+logger = logging.getLogger(__name__)
+
+
+async def inline_completion(
+    session: DiceSession, params: types.InlineCompletionParams
+) -> list[types.InlineCompletionItem]:
+    uri = params.text_document.uri
+    snap = open_snapshot(session.ls.workspace, uri)
+    if snap is None or not snap.analysable or not snap.is_cuda:
+        return []
+    context = params.context
+    automatic = context.trigger_kind == types.InlineCompletionTriggerKind.Automatic
+    if automatic and not session.settings.suggestions.automatic_trigger:
+        return []
+
+    ticket = session.tracker.start(uri)
+    try:
+        if automatic:
+            # Adaptive debounce; a newer request for the document ends the wait (and this request) early.
+            try:
+                await asyncio.wait_for(ticket.cancel.wait(), timeout=session.debounce.delay(uri))
+                return []
+            except asyncio.TimeoutError:
+                pass
+        doc = session.parse(snap)
+        if doc is None:
+            return []
+        plan = plan_inline(snap.text, doc, params.position, context.selected_completion_info)
+        if plan is None:
+            return []
+        try:
+            service = await session.get_service()
+        except ServiceUnavailable as exc:
+            session.log(f"no suggestion: {exc}", types.MessageType.Warning)
+            return []
+        if ticket.cancel.is_set():
+            return []
+
+        n = session.settings.decoding.candidates
+        async with session.busy("busy", "suggesting"):
+            if plan.mask_index is not None:
+                result = await service.complete_document(
+                    plan.text, mask_indices=[plan.mask_index], candidates=n, cancel=ticket.cancel
+                )
+            else:
+                result = await service.complete_at(
+                    plan.text, plan.byte_offset, candidates=n, cancel=ticket.cancel
+                )
+
+        if ticket.cancel.is_set():
+            return []  # superseded by a newer request
+        if current_version(session.ls.workspace, uri) != snap.version:
+            session.log(f"dropped suggestions for a stale version of {uri}")
+            return []
+        candidates = _mask_candidates(result, plan.mask_index)
+        level = session.settings.validation.level
+        usable = [c for c in candidates if is_usable(c.verdict, level)]
+        items = completion_items(usable, plan.range, limit=1 if automatic else n, prefix=plan.prefix)
+        if items:
+            by_text = {plan.prefix + c.text: c.verdict for c in usable}
+            texts = [item.insert_text for item in items if isinstance(item.insert_text, str)]
+            session.remember_offer(
+                uri,
+                Offer(
+                    plan.byte_offset - len(plan.prefix.encode("utf-8")),
+                    texts,
+                    [by_text.get(t) for t in texts],
+                ),
+            )
+        return items
+    except asyncio.CancelledError:
+        # $/cancelRequest (or shutdown): stop the model between denoising steps, then let pygls answer
+        # "request cancelled". A request we superseded ourselves answers with no items instead.
+        ticket.cancel.set()
+        task = asyncio.current_task()
+        if task is not None and getattr(task, "cancelling", lambda: 1)() == 0:
+            return []
+        raise
+    except Exception as exc:
+        if ticket.cancel.is_set():
+            return []  # the engine's own cancellation error after we asked it to stop
+        logger.exception("inline completion failed")
+        session.log(f"inline completion failed: {exc}", types.MessageType.Error)
+        return []
+    finally:
+        session.tracker.finish(ticket)
+
+
+def _mask_candidates(result: Any, mask_index: int | None) -> list[Any]:
+    for mc in result.masks:
+        if mask_index is None or mc.mask.index == mask_index:
+            return list(mc.candidates)
+    return []

@@ -1,0 +1,156 @@
+"""``dice-lsp``: registers thin handlers; the work lives in session.py, completion.py and commands.py."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from lsprotocol import types
+from pygls.lsp.server import LanguageServer
+
+from lsp_server import __version__
+from lsp_server.actions import (
+    FILL_ALL_MASKS,
+    FILL_MASK,
+    GENERATE_KERNEL,
+    SOURCE_KIND,
+    VALIDATE_KERNEL,
+    cuda_actions,
+    filter_kinds,
+    reference_actions,
+)
+from lsp_server.commands import execute
+from lsp_server.completion import inline_completion
+from lsp_server.documents import open_snapshot
+from lsp_server.kernelbench import is_kernelbench_reference
+from lsp_server.protocol import WORK_DONE_TOKEN, DiceProtocol
+from lsp_server.regions import code_lenses, hover_at
+from lsp_server.session import DiceSession
+
+logger = logging.getLogger(__name__)
+
+
+class DiceLanguageServer(LanguageServer):
+    def __init__(self) -> None:
+        super().__init__(
+            "dice-lsp",
+            __version__,
+            protocol_cls=DiceProtocol,
+            text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
+        )
+        self.session = DiceSession(self)
+
+
+def create_server() -> DiceLanguageServer:
+    server = DiceLanguageServer()
+    session = server.session
+
+    @server.feature(types.INITIALIZE)
+    def initialize(params: types.InitializeParams) -> None:
+        session.apply_settings(params.initialization_options, initial=True)
+
+    @server.feature(types.INITIALIZED)
+    def initialized(params: types.InitializedParams) -> None:
+        session.start()
+
+    @server.feature(types.SHUTDOWN)
+    def shutdown(params: Any) -> None:
+        session.close()
+
+    @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
+    def did_open(params: types.DidOpenTextDocumentParams) -> None:
+        session.on_open(params.text_document.uri)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+    def did_change(params: types.DidChangeTextDocumentParams) -> None:
+        session.on_change(params.text_document.uri)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+    def did_close(params: types.DidCloseTextDocumentParams) -> None:
+        session.on_close(params.text_document.uri)
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
+    async def did_change_configuration(params: types.DidChangeConfigurationParams) -> None:
+        raw = params.settings
+        if isinstance(raw, dict) and "dice" in raw:
+            session.apply_settings(raw["dice"])
+            return
+        caps = server.client_capabilities.workspace
+        if caps is not None and caps.configuration:
+            # Clients that only signal a change expect the server to pull the section.
+            result = await server.workspace_configuration_async(
+                types.ConfigurationParams(items=[types.ConfigurationItem(section="dice")])
+            )
+            session.apply_settings(result[0] if result else None)
+        elif raw is not None:
+            session.apply_settings(raw)
+
+    @server.feature(
+        types.TEXT_DOCUMENT_INLINE_COMPLETION,
+        types.InlineCompletionOptions(),
+    )
+    async def inline(params: types.InlineCompletionParams) -> list[types.InlineCompletionItem]:
+        return await inline_completion(session, params)
+
+    @server.feature(
+        types.TEXT_DOCUMENT_CODE_ACTION,
+        types.CodeActionOptions(
+            code_action_kinds=[types.CodeActionKind.RefactorRewrite, types.CodeActionKind.Source, SOURCE_KIND]
+        ),
+    )
+    def code_action(params: types.CodeActionParams) -> list[types.CodeAction]:
+        snap = open_snapshot(server.workspace, params.text_document.uri)
+        if snap is None or not snap.analysable:
+            return []
+        if snap.is_cuda:
+            doc = session.parse(snap)
+            actions = cuda_actions(snap.uri, doc.masks if doc is not None else [], params.range)
+        elif snap.path is not None and snap.path.suffix == ".py" and is_kernelbench_reference(snap.text):
+            actions = reference_actions(snap.uri)
+        else:
+            actions = []
+        return filter_kinds(actions, params.context.only)
+
+    @server.feature(types.TEXT_DOCUMENT_CODE_LENS)
+    def code_lens(params: types.CodeLensParams) -> list[types.CodeLens]:
+        snap = open_snapshot(server.workspace, params.text_document.uri)
+        state = session.documents.get(params.text_document.uri)
+        if snap is None or state is None or not state.regions or not snap.analysable:
+            return []
+        from dice.cuda_source import PositionIndex
+
+        index = PositionIndex(snap.text)
+        return code_lenses(state.regions, lambda b: _lsp_position(index.byte_to_position(b)))
+
+    @server.feature(types.TEXT_DOCUMENT_HOVER)
+    def hover(params: types.HoverParams) -> types.Hover | None:
+        snap = open_snapshot(server.workspace, params.text_document.uri)
+        state = session.documents.get(params.text_document.uri)
+        if snap is None or state is None or not state.regions or not snap.analysable:
+            return None
+        from dice.cuda_source import Position, PositionIndex
+
+        index = PositionIndex(snap.text)
+        try:
+            offset = index.position_to_byte(Position(params.position.line, params.position.character))
+        except (ValueError, IndexError):
+            return None
+        return hover_at(state.regions, offset, lambda b: _lsp_position(index.byte_to_position(b)))
+
+    for name in (FILL_ALL_MASKS, FILL_MASK, GENERATE_KERNEL, VALIDATE_KERNEL):
+        _register_command(server, session, name)
+
+    return server
+
+
+def _register_command(server: DiceLanguageServer, session: DiceSession, name: str) -> None:
+    # pygls maps command arguments to handler parameters; one *args handler (unannotated, so pygls
+    # passes the JSON values through) keeps parsing and its error messages in actions.parse_arguments.
+    async def handler(*args) -> dict[str, Any]:  # noqa: ANN002
+        return await execute(session, name, list(args), WORK_DONE_TOKEN.get())
+
+    server.command(name)(handler)
+
+
+def _lsp_position(pos: Any) -> types.Position:
+    return types.Position(line=pos.line, character=pos.character)

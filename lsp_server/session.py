@@ -1,0 +1,478 @@
+"""Server state shared by the handlers: settings, the assistant service's life cycle, status, documents,
+diagnostics, filled regions and file watching. Feature flows (inline completion, commands) live in
+``completion.py`` and ``commands.py`` and use this object; ``server.py`` only registers handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+from pygls.lsp.server import LanguageServer
+from pygls.uris import to_fs_path
+
+from lsp_server.config import DiceSettings, parse_settings
+from lsp_server.diagnostics import compile_error_diagnostics, mask_diagnostics
+from lsp_server.documents import DocumentSnapshot, open_snapshot
+from lsp_server.inline import AdaptiveDebounce, RequestTracker
+from lsp_server.regions import FilledRegion, make_region, relocate
+from lsp_server.status import STATUS_METHOD, StatusState, status_params
+from lsp_server.verdicts import verdict_json
+from lsp_server.watch import FileWatcher, spec_reference_files
+
+logger = logging.getLogger(__name__)
+
+MODEL_KEY = "model"  # watcher key of the model folder
+DIAGNOSTICS_DELAY_S = 0.15  # quiet time after an edit before masks are re-parsed
+MODEL_RELOAD_DELAY_S = 1.0  # a checkpoint write touches many files: reload once, after they settle
+REVALIDATE_DELAY_S = 0.3
+
+
+class ServiceUnavailable(RuntimeError):
+    """The assistant service could not be loaded; the message says why."""
+
+
+@dataclass
+class Offer:
+    """Inline items returned for a document, kept to notice when the user accepts one."""
+
+    start_byte: int
+    texts: list[str]
+    verdicts: list[Any]
+
+
+@dataclass
+class DocumentState:
+    parsed_version: int | None = None
+    parsed: Any = None  # dice.cuda_source.CudaDocument of parsed_version
+    mask_diagnostics: list[types.Diagnostic] = field(default_factory=list)
+    compile_diagnostics: list[types.Diagnostic] = field(default_factory=list)
+    regions: list[FilledRegion] = field(default_factory=list)
+    offers: list[Offer] = field(default_factory=list)
+    last_verdict: dict[str, Any] | None = None
+    diagnostics_task: asyncio.Task | None = None
+
+
+class DiceSession:
+    def __init__(self, ls: LanguageServer) -> None:
+        self.ls = ls
+        self.settings = DiceSettings()
+        self.tracker = RequestTracker()
+        self.debounce = AdaptiveDebounce()
+        self.documents: dict[str, DocumentState] = {}
+        self.service: Any = None
+        self.model_info: Any = None
+        self.state: StatusState = "loading"
+        self._service_task: asyncio.Task | None = None
+        self._service_error: str | None = None
+        self._loaded_key: tuple[str, str] | None = None
+        self._busy: dict[str, int] = {"busy": 0, "validating": 0}
+        self._watcher: FileWatcher | None = None
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._background: set[asyncio.Task] = set()
+        self._parent_task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.closed = False
+
+    # ----------------------------------------------------------------- messages and status
+    def log(self, message: str, level: types.MessageType = types.MessageType.Info) -> None:
+        logger.log(logging.WARNING if level <= types.MessageType.Warning else logging.INFO, "%s", message)
+        self._on_loop(self.ls.window_log_message, types.LogMessageParams(type=level, message=message))
+
+    def show(self, message: str, level: types.MessageType = types.MessageType.Info) -> None:
+        self._on_loop(self.ls.window_show_message, types.ShowMessageParams(type=level, message=message))
+        self.log(message, level)
+
+    def set_status(self, state: StatusState, message: str | None = None) -> None:
+        self.state = state
+        info = self.model_info
+        params = status_params(
+            state,
+            model=getattr(info, "name", None),
+            device=getattr(info, "device", None),
+            message=message,
+        )
+        self._on_loop(self.ls.protocol.notify, STATUS_METHOD, params)
+
+    def _on_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Send from any thread: protocol writes must happen on the event-loop thread."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            with contextlib.suppress(Exception):
+                fn(*args)
+            return
+        if _running_loop() is loop:
+            fn(*args)
+        else:
+            loop.call_soon_threadsafe(fn, *args)
+
+    @contextlib.asynccontextmanager
+    async def busy(self, state: str, message: str) -> AsyncIterator[None]:
+        """Status ``busy``/``validating`` while work runs; back to ``ready`` when nothing is left."""
+        self._busy[state] += 1
+        self.set_status(state, message)  # type: ignore[arg-type]
+        try:
+            yield
+        finally:
+            self._busy[state] -= 1
+            if self.service is not None and not self.closed:
+                if self._busy["busy"]:
+                    self.set_status("busy")
+                elif self._busy["validating"]:
+                    self.set_status("validating")
+                else:
+                    self.set_status("ready", self._ready_message())
+
+    def _ready_message(self) -> str | None:
+        describe = getattr(self.model_info, "describe", None)
+        return describe() if callable(describe) else None
+
+    # ----------------------------------------------------------------- life cycle
+    def start(self) -> None:
+        """Called on ``initialized``: file watching, parent-process watch, model loading."""
+        self._loop = asyncio.get_running_loop()
+        self._watcher = FileWatcher(self._loop, self._on_file_change)
+        try:
+            self._watcher.start()
+        except Exception as exc:  # no inotify in some sandboxes: watching degrades, serving goes on
+            self.log(f"file watching is off: {exc}", types.MessageType.Warning)
+            self._watcher = None
+        if self.ls.process_id:
+            self._parent_task = asyncio.ensure_future(self._watch_parent(self.ls.process_id))
+        self.load_service()
+
+    async def _watch_parent(self, pid: int) -> None:
+        # A client that dies without closing our stdin (e.g. SIGKILL of an editor using TCP) must not
+        # leave the server (and its model) running.
+        while not self.closed:
+            await asyncio.sleep(3.0)
+            if not _pid_alive(pid):
+                logger.warning("client process %s is gone; exiting", pid)
+                self.close()
+                os._exit(0)
+
+    def close(self) -> None:
+        """Stop everything: pending requests, timers, watchers, the service (threads and workers)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.tracker.cancel_all()
+        for timer in self._timers.values():
+            timer.cancel()
+        for task in list(self._background):
+            task.cancel()
+        if self._parent_task is not None:
+            self._parent_task.cancel()
+        if self._watcher is not None:
+            self._watcher.stop()
+        service, self.service = self.service, None
+        if service is not None:
+            with contextlib.suppress(Exception):
+                service.close()
+
+    def spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(_log_task_error)
+        return task
+
+    # ----------------------------------------------------------------- settings
+    def apply_settings(self, raw: Any, *, initial: bool = False) -> None:
+        parsed = parse_settings(raw)
+        for problem in parsed.problems:
+            self.show(problem, types.MessageType.Warning)
+        if parsed.unknown:
+            self.log(f"settings not read by the server: {', '.join(sorted(parsed.unknown))}")
+        old, self.settings = self.settings, parsed.settings
+        if initial:
+            return
+        if old.model_key() != self.settings.model_key():
+            self.log("model settings changed: reloading")
+            self.load_service()
+        elif old != self.settings and self.service is not None:
+            self._update_service_settings(self.service)
+
+    def assistant_settings(self) -> Any:
+        from dice.assistant import AssistantSettings
+
+        return AssistantSettings(**self.settings.to_assistant_kwargs())
+
+    def _update_service_settings(self, service: Any) -> None:
+        settings = self.assistant_settings()
+        update = getattr(service, "update_settings", None)
+        if callable(update):
+            update(settings)
+        else:
+            service.settings = settings
+
+    # ----------------------------------------------------------------- the assistant service
+    def load_service(self) -> asyncio.Task:
+        """(Re)load the service in a worker thread; requests wait on the returned task."""
+        if self._service_task is not None and not self._service_task.done():
+            self._service_task.cancel()
+        self._service_task = asyncio.ensure_future(self._load_service())
+        return self._service_task
+
+    async def _load_service(self) -> Any:
+        old, self.service = self.service, None
+        if old is not None:
+            await asyncio.to_thread(_close_quietly, old)
+        self.model_info = None
+        self._service_error = None
+        where = self.settings.model.path or os.environ.get("DICE_MODEL") or "the embedded model"
+        self.set_status("loading", f"loading {where}")
+        started = time.perf_counter()
+        try:
+            settings = self.assistant_settings()
+            service, info = await asyncio.to_thread(_build_service, settings)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._service_error = f"cannot load the model ({where}): {exc}"
+            self.set_status("error", self._service_error)
+            self.show(self._service_error, types.MessageType.Error)
+            return None
+        if self.closed:
+            _close_quietly(service)
+            return None
+        self.service, self.model_info = service, info
+        self._loaded_key = self.settings.model_key()
+        self._watch_model_folder(info)
+        self.log(f"loaded {self._ready_message() or where} in {time.perf_counter() - started:.1f} s")
+        self.set_status("ready", self._ready_message())
+        return service
+
+    async def get_service(self) -> Any:
+        """The loaded service, waiting for a load in progress; raises ServiceUnavailable."""
+        if self.service is not None:
+            return self.service
+        task = self._service_task
+        if task is None:
+            task = self.load_service()
+        try:
+            service = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled() and self._service_task is not None and self._service_task is not task:
+                return await self.get_service()  # superseded by a newer load
+            raise
+        if service is None:
+            raise ServiceUnavailable(self._service_error or "the model is not loaded")
+        return service
+
+    def _watch_model_folder(self, info: Any) -> None:
+        if self._watcher is None:
+            return
+        path = getattr(info, "path", None)
+        folder = Path(path) if path else _embedded_model_folder()
+        if folder is not None and folder.is_dir():
+            self._watcher.watch_folder(MODEL_KEY, folder)
+
+    # ----------------------------------------------------------------- documents
+    def state_of(self, uri: str) -> DocumentState:
+        return self.documents.setdefault(uri, DocumentState())
+
+    def parse(self, snap: DocumentSnapshot) -> Any | None:
+        """The CudaDocument of a snapshot (cached per version); None for binary or oversized text."""
+        if not snap.analysable:
+            return None
+        from dice.cuda_source import parse_document
+
+        state = self.state_of(snap.uri)
+        if snap.version is not None and state.parsed_version == snap.version and state.parsed is not None:
+            return state.parsed
+        doc = parse_document(snap.text)
+        if snap.version is not None:
+            state.parsed_version, state.parsed = snap.version, doc
+        return doc
+
+    def on_open(self, uri: str) -> None:
+        self.debounce.record_edit(uri)
+        self.schedule_diagnostics(uri, delay=0.0)
+
+    def on_change(self, uri: str) -> None:
+        self.debounce.record_edit(uri)
+        snap = open_snapshot(self.ls.workspace, uri)
+        state = self.state_of(uri)
+        if snap is not None and (state.regions or state.offers):
+            data = snap.text.encode("utf-8", errors="surrogatepass")
+            self._accept_offers(state, data)
+            state.regions = relocate(state.regions, data)
+        self.schedule_diagnostics(uri, delay=DIAGNOSTICS_DELAY_S)
+
+    def on_close(self, uri: str) -> None:
+        self.tracker.cancel_document(uri)
+        self.debounce.forget(uri)
+        state = self.documents.pop(uri, None)
+        if state is not None and state.diagnostics_task is not None:
+            state.diagnostics_task.cancel()
+        if self._watcher is not None:
+            self._watcher.forget(uri)
+        self._on_loop(
+            self.ls.text_document_publish_diagnostics, types.PublishDiagnosticsParams(uri=uri, diagnostics=[])
+        )
+
+    def remember_offer(self, uri: str, offer: Offer) -> None:
+        self.state_of(uri).offers = [offer]
+
+    def _accept_offers(self, state: DocumentState, data: bytes) -> None:
+        """An offered inline item found in the text was accepted: it becomes a region with its verdict."""
+        for offer in state.offers:
+            for text, verdict in zip(offer.texts, offer.verdicts, strict=False):
+                if text.strip() and data.startswith(text.encode("utf-8"), offer.start_byte):
+                    state.regions.append(make_region(offer.start_byte, text, verdict))
+                    state.offers = []
+                    return
+
+    def add_regions(self, uri: str, regions: list[FilledRegion]) -> None:
+        state = self.state_of(uri)
+        state.regions = [r for r in state.regions if all(r.start_byte != n.start_byte for n in regions)]
+        state.regions.extend(regions)
+
+    def schedule_diagnostics(self, uri: str, *, delay: float) -> None:
+        state = self.state_of(uri)
+        if state.diagnostics_task is not None and not state.diagnostics_task.done():
+            state.diagnostics_task.cancel()
+        state.diagnostics_task = self.spawn(self._publish_after(uri, delay))
+
+    async def _publish_after(self, uri: str, delay: float) -> None:
+        if delay:
+            await asyncio.sleep(delay)
+        self.publish_diagnostics(uri)
+
+    def publish_diagnostics(self, uri: str) -> None:
+        snap = open_snapshot(self.ls.workspace, uri)
+        if snap is None:
+            return
+        state = self.state_of(uri)
+        doc = self.parse(snap) if snap.is_cuda else None
+        state.mask_diagnostics = mask_diagnostics(doc.masks) if doc is not None else []
+        if doc is not None and self._watcher is not None and snap.path is not None:
+            spec = getattr(doc.spec, "source", None)
+            self._watcher.watch_files(uri, spec_reference_files(spec, snap.path))
+        self.ls.text_document_publish_diagnostics(
+            types.PublishDiagnosticsParams(
+                uri=uri,
+                diagnostics=state.mask_diagnostics + state.compile_diagnostics,
+                version=snap.version,
+            )
+        )
+
+    def record_validation(self, snap: DocumentSnapshot, verdict: Any) -> None:
+        """Keep a validation's verdict: compile errors become diagnostics, filled regions take its label."""
+        from dice.cuda_source import extract_device_code
+
+        state = self.state_of(snap.uri)
+        state.last_verdict = verdict_json(verdict) or None
+        line_map = None
+        with contextlib.suppress(Exception):
+            device = extract_device_code(snap.text)
+            if device.has_host_code:
+                line_map = list(device.line_map)
+        state.compile_diagnostics = compile_error_diagnostics(snap.text, verdict, line_map)
+        state.regions = [make_region(r.start_byte, r.text, verdict) for r in state.regions]
+        self.publish_diagnostics(snap.uri)
+        self.refresh_code_lenses()
+
+    def refresh_code_lenses(self) -> None:
+        caps = self.ls.client_capabilities.workspace
+        if caps is not None and caps.code_lens is not None and caps.code_lens.refresh_support:
+            self.spawn(self.ls.workspace_code_lens_refresh_async(None))
+
+    # ----------------------------------------------------------------- file watching
+    def _on_file_change(self, keys: set[str], path: Path) -> None:
+        if self.closed:
+            return
+        for key in keys:
+            if key == MODEL_KEY:
+                self.log(f"model folder changed ({path.name}): reloading")
+                self._debounced(MODEL_KEY, MODEL_RELOAD_DELAY_S, self.load_service)
+            else:
+                self.log(f"{path.name} changed on disk: re-validating {key}")
+                self._debounced(key, REVALIDATE_DELAY_S, lambda uri=key: self.spawn(self.revalidate(uri)))
+
+    def _debounced(self, key: str, delay: float, fn: Callable[[], Any]) -> None:
+        old = self._timers.pop(key, None)
+        if old is not None:
+            old.cancel()
+        assert self._loop is not None
+        self._timers[key] = self._loop.call_later(delay, fn)
+
+    async def revalidate(self, uri: str) -> None:
+        """A reference a document depends on changed: forget stale suggestions, validate it again."""
+        snap = open_snapshot(self.ls.workspace, uri)
+        if snap is None or not snap.analysable:
+            return
+        state = self.state_of(uri)
+        state.offers = []
+        try:
+            service = await self.get_service()
+        except ServiceUnavailable as exc:
+            self.log(f"cannot re-validate {uri}: {exc}", types.MessageType.Warning)
+            return
+        invalidate = getattr(service, "invalidate", None) or getattr(service, "clear_cache", None)
+        if callable(invalidate):
+            with contextlib.suppress(Exception):
+                invalidate()
+        async with self.busy("validating", f"re-validating {Path(to_fs_path(uri) or uri).name}"):
+            verdict = await service.validate_document(snap.text)
+        self.record_validation(snap, verdict)
+
+
+def _build_service(settings: Any) -> tuple[Any, Any]:
+    from dice.assistant import AssistantService
+
+    service = AssistantService(settings)
+    try:
+        info = service.model_info  # loads the engine when the service loads lazily
+    except BaseException:
+        _close_quietly(service)
+        raise
+    return service, info
+
+
+def _close_quietly(service: Any) -> None:
+    with contextlib.suppress(Exception):
+        service.close()
+
+
+def _embedded_model_folder() -> Path | None:
+    env = os.environ.get("DICE_MODEL")
+    if env:
+        return Path(env)
+    try:
+        import engine
+
+        return Path(engine.__file__).parent / "models" / "dice-tiny"
+    except ImportError:
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _log_task_error(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("background task failed", exc_info=task.exception())
