@@ -26,27 +26,13 @@ if TYPE_CHECKING:
 
 
 def verdict_label(verdict: Verdict | None) -> str:
-    """"compiled ✓ · correct ✓ · 2.3×" and friends: the one-line summary users see."""
+    """"compiled ✓ · correct ✓ · 2.3× vs PyTorch" and friends: the one-line summary users see."""
     if verdict is None:
         return "not validated"
-    status = verdict.status
-    if status == "correct":
-        speed = f" · {verdict.speedup:.2f}×" if verdict.speedup is not None else ""
-        return f"compiled ✓ · correct ✓{speed}"
-    if status == "incorrect":
-        err = f" (max err {verdict.max_abs_err:.3g})" if verdict.max_abs_err is not None else ""
-        return f"compiled ✓ · correct ✗{err}"
-    if status == "compiled":
-        return "compiled ✓ · not run"
-    if status == "compile_error":
-        return "compile error"
-    if status == "runtime_error":
-        return "compiled ✓ · runtime error"
-    if status == "timeout":
-        return "timed out"
-    if status == "rejected":
-        return f"rejected: {verdict.message}"
-    return str(status)
+    label = verdict.summary()
+    if verdict.status == "rejected" and verdict.message:
+        label += f": {first_line(verdict.message)}"
+    return label
 
 
 def first_line(message: str, limit: int = 100) -> str:

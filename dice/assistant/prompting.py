@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dice.cuda_source.positions import decode_bytes
+
 if TYPE_CHECKING:
     from dice.cuda_source import CudaDocument
 
@@ -53,7 +55,6 @@ def spec_context(doc: CudaDocument) -> str | None:
 
 
 def build_infill_request(
-    text: str,
     doc: CudaDocument,
     hole: Hole,
     *,
@@ -66,7 +67,7 @@ def build_infill_request(
     it is passed as context (it would otherwise appear twice); every other byte of the file, other masks
     included, stays as written.
     """
-    data = text.encode("utf-8")
+    data = doc.data
     max_new = min(hole.budget, default_max_new_tokens) if hole.budget else default_max_new_tokens
     context = spec_context(doc)
 
@@ -92,8 +93,8 @@ def build_infill_request(
         before, after = _trim(before, after, budget_chars, keep_before, keep_after)
 
     return InfillRequest(
-        prefix=before.decode("utf-8", errors="replace"),
-        suffix=after.decode("utf-8", errors="replace"),
+        prefix=decode_bytes(before),
+        suffix=decode_bytes(after),
         context=context,
         max_new_tokens=max_new,
     )

@@ -34,7 +34,8 @@ from dice.assistant.types import (
     Progress,
     RankedProgram,
 )
-from dice.cuda_source import CudaDocument, Mask, PositionIndex, Range, function_at, parse_document, splice
+from dice.cuda_source import CudaDocument, Mask, Range, function_at, parse_document, splice
+from dice.cuda_source.positions import decode_bytes, encode_text
 
 if TYPE_CHECKING:
     from lsprotocol.types import TextEdit
@@ -338,7 +339,7 @@ class AssistantService:
         if func is None or not (func.body_start_byte < byte_offset < func.body_end_byte):
             return DocumentCompletion(masks=[], best_text=text, edits=[], from_cache=False,
                                       model=self._model_info)
-        pos = PositionIndex(text).byte_to_position(byte_offset)
+        pos = doc.index.byte_to_position(byte_offset)
         mask = Mask(
             index=-1,
             start_byte=byte_offset,
@@ -459,7 +460,7 @@ class AssistantService:
         run = _Run(loop, progress, cancel, s.max_latency_ms)
         assert self._engine is not None
         requests = [
-            build_infill_request(text, doc, h, default_max_new_tokens=s.max_new_tokens,
+            build_infill_request(doc, h, default_max_new_tokens=s.max_new_tokens,
                                  context_tokens=_context_tokens(self._engine))
             for h in holes
         ]
@@ -499,7 +500,7 @@ class AssistantService:
             run.raise_if_cancelled()
             others = {h.index: (chosen[h.index] if j < i else fills[j][0].text)
                       for j, h in enumerate(holes) if j != i}
-            texts = [_splice_text(text, holes, {**others, hole.index: f.text}) for f in fills[i]]
+            texts = [_splice(doc, holes, {**others, hole.index: f.text})[0] for f in fills[i]]
             verdicts = await self._validate_texts(run, texts, checks_done, total_checks)
             checks_done += len(texts)
             keep = [k for k in range(len(texts)) if s.validation_level == "none" or verdicts[k] is not None]
@@ -515,7 +516,7 @@ class AssistantService:
             results.append(MaskCompletion(mask=masks[hole.index], candidates=ranked))
         t_validated = time.perf_counter()
 
-        best_text, edits = _splice(text, holes, chosen)
+        best_text, edits = _splice(doc, holes, chosen)
         completion = DocumentCompletion(
             masks=results,
             best_text=best_text,
@@ -707,34 +708,19 @@ def _dedupe(fills: list[_Fill]) -> list[_Fill]:
     return list(out.values())
 
 
-def _splice(text: str, holes: list[Hole], fills: dict[int, str]) -> tuple[str, list[TextEdit]]:
-    """Splice fills into ``text``; explicit masks go through dice.cuda_source.splice, the implicit
+def _splice(doc: CudaDocument, holes: list[Hole], fills: dict[int, str]) -> tuple[str, list[TextEdit]]:
+    """Splice fills into the document; explicit masks go through dice.cuda_source.splice, the implicit
     cursor hole (index -1) is a zero-width insertion."""
     if -1 in fills:
         from lsprotocol.types import TextEdit
 
         hole = next(h for h in holes if h.index == -1)
-        data = text.encode("utf-8")
-        new = data[: hole.start_byte] + fills[-1].encode("utf-8") + data[hole.end_byte :]
-        index = PositionIndex(text)
-        rng = Range(start=index.byte_to_position(hole.start_byte), end=index.byte_to_position(hole.end_byte))
-        return new.decode("utf-8"), [TextEdit(range=_lsp_range(rng), new_text=fills[-1])]
-    result = splice(text, fills)
+        data = doc.data
+        new = data[: hole.start_byte] + encode_text(fills[-1]) + data[hole.end_byte :]
+        rng = doc.index.range_of(hole.start_byte, hole.end_byte).to_lsp()
+        return decode_bytes(new), [TextEdit(range=rng, new_text=fills[-1])]
+    result = splice(doc.text, fills, doc=doc)
     return result.text, list(result.edits)
-
-
-def _splice_text(text: str, holes: list[Hole], fills: dict[int, str]) -> str:
-    return _splice(text, holes, fills)[0]
-
-
-def _lsp_range(rng: Range) -> Any:
-    from lsprotocol.types import Position as LspPosition
-    from lsprotocol.types import Range as LspRange
-
-    return LspRange(
-        start=LspPosition(line=rng.start.line, character=rng.start.character),
-        end=LspPosition(line=rng.end.line, character=rng.end.character),
-    )
 
 
 def _describe_engine(engine: Any, model_path: str | None) -> ModelInfo:

@@ -1,0 +1,222 @@
+"""AssistantService end to end on CPU: real tree-sitter masks, real NVRTC compile verdicts, and either the
+tiny real checkpoint or a scripted engine where a test needs exact fills."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from dice.assistant import AssistantService, AssistantSettings, Progress
+from dice.cuda_source import parse_document
+
+from .conftest import BAD_SCALE, GOOD_SCALE, GOOD_SQUARE, TWO_MASKS, CountingEngine
+
+
+def _fills_for_two_masks(prefix: str, suffix: str, n: int, temperature: float) -> list[tuple[str, float]]:
+    if "square" in suffix:  # the hole in scale(): greedy is confident but broken, the sample compiles
+        return [(BAD_SCALE, 0.9)] if temperature == 0.0 else [(GOOD_SCALE, 0.4)] * n
+    return [(GOOD_SQUARE, 0.8)] if temperature == 0.0 else [("return v + v;", 0.3)] * n
+
+
+def _apply_edits(text: str, edits: list[Any]) -> str:
+    """Apply LSP TextEdits (ranges in the original text) the way an editor does."""
+    doc = parse_document(text)
+    data = doc.data
+    out = []
+    cursor = 0
+    spans = sorted(
+        (doc.index.position_to_byte(e.range.start), doc.index.position_to_byte(e.range.end), e.new_text)
+        for e in edits
+    )
+    for start, end, new in spans:
+        out.append(data[cursor:start])
+        out.append(new.encode("utf-8"))
+        cursor = end
+    out.append(data[cursor:])
+    return b"".join(out).decode("utf-8")
+
+
+@pytest.fixture
+def settings() -> AssistantSettings:
+    return AssistantSettings(candidates=2, validation_level="compile", max_latency_ms=0)
+
+
+async def test_masks_filled_ranked_and_spliced(scripted_engine_factory, validator_pool, settings) -> None:
+    engine = scripted_engine_factory(_fills_for_two_masks)
+    service = AssistantService(settings, engine=engine, validator=validator_pool)
+    events: list[Progress] = []
+    result = await service.complete_document(TWO_MASKS, progress=events.append)
+
+    assert [m.mask.index for m in result.masks] == [0, 1]
+    scale, square = result.masks
+    # compiled beats confidence: the sampled fill wins over the more confident greedy one
+    assert [c.text for c in scale.candidates] == [GOOD_SCALE, BAD_SCALE]
+    assert [c.rank for c in scale.candidates] == [0, 1]
+    assert scale.candidates[0].verdict.compiled and scale.candidates[0].verdict.status == "compiled"
+    assert scale.candidates[1].verdict.status == "compile_error"
+    assert square.candidates[0].text == GOOD_SQUARE  # both compile: confidence decides
+
+    doc = parse_document(TWO_MASKS)
+    m0, m1 = doc.masks
+    data = TWO_MASKS.encode()
+    expected = (data[: m0.start_byte] + GOOD_SCALE.encode() + data[m0.end_byte : m1.start_byte]
+                + GOOD_SQUARE.encode() + data[m1.end_byte :]).decode()
+    assert result.best_text == expected
+    assert _apply_edits(TWO_MASKS, result.edits) == expected
+    assert result.best_verdict is not None and result.best_verdict.compiled
+    assert not result.from_cache and not result.partial
+
+    # each fill saw the file with the other hole still in it; the budget capped the second one
+    first, _, second, _ = engine.requests
+    assert "// <MASK:16>" in first["suffix"] and first["max_new_tokens"] == settings.max_new_tokens
+    assert "/* <MASK> */" in second["prefix"] and second["max_new_tokens"] == 16
+    assert [r["temperature"] for r in engine.requests] == [0.0, 0.0, settings.sample_temperature,
+                                                           settings.sample_temperature]
+    assert {e.stage for e in events} == {"loading", "generating", "validating"}
+    validating = [e for e in events if e.stage == "validating"]
+    assert validating[-1].done == validating[-1].total == 4
+
+
+async def test_same_request_twice_is_served_from_cache(
+    scripted_engine_factory, validator_pool, settings
+) -> None:
+    engine = scripted_engine_factory(_fills_for_two_masks)
+    service = AssistantService(settings, engine=engine, validator=validator_pool)
+    first = await service.complete_document(TWO_MASKS)
+    calls, validations = len(engine.requests), service.stats["validations"]
+
+    second = await service.complete_document(TWO_MASKS)
+    assert second.from_cache and not first.from_cache
+    assert len(engine.requests) == calls  # the engine was not called again
+    assert service.stats["validations"] == validations
+    assert second.best_text == first.best_text
+
+    # a change that matters (the text) misses the document cache
+    third = await service.complete_document(TWO_MASKS.replace("float a", "float alpha"))
+    assert not third.from_cache and len(engine.requests) > calls
+
+
+async def test_validation_none_and_mask_selection(scripted_engine_factory) -> None:
+    engine = scripted_engine_factory(_fills_for_two_masks)
+    service = AssistantService(AssistantSettings(candidates=1, validation_level="none"), engine=engine)
+    result = await service.complete_document(TWO_MASKS, mask_indices=[1])
+    assert [m.mask.index for m in result.masks] == [1]
+    assert result.masks[0].candidates[0].verdict is None
+    assert "/* <MASK> */" in result.best_text and GOOD_SQUARE in result.best_text
+    assert len(engine.requests) == 1 and service.stats["validations"] == 0
+
+
+async def test_no_masks_calls_nothing(scripted_engine_factory) -> None:
+    engine = scripted_engine_factory(_fills_for_two_masks)
+    service = AssistantService(AssistantSettings(), engine=engine)
+    text = "__global__ void k(float* x) { x[0] = 1.0f; }\n"
+    result = await service.complete_document(text)
+    assert result.masks == [] and result.best_text == text and result.edits == []
+    assert engine.requests == []
+
+
+async def test_complete_at_cursor_is_an_implicit_mask(scripted_engine_factory, validator_pool) -> None:
+    engine = scripted_engine_factory(lambda p, s, n, t: [("if (i < n) y[i] = a * x[i];\n    ", 0.7)])
+    service = AssistantService(AssistantSettings(candidates=1, validation_level="compile"), engine=engine,
+                               validator=validator_pool)
+    text = TWO_MASKS.replace("    /* <MASK> */\n", "    \n")
+    cursor = text.encode().index(b"threadIdx.x;\n") + len(b"threadIdx.x;\n    ")
+    result = await service.complete_at(text, cursor)
+    assert len(result.masks) == 1 and result.masks[0].mask.index == -1
+    assert result.masks[0].mask.function == "scale"
+    assert engine.requests[0]["prefix"] == text.encode()[:cursor].decode()
+    assert engine.requests[0]["suffix"] == text.encode()[cursor:].decode()
+    data = text.encode()
+    assert result.best_text.encode() == data[:cursor] + b"if (i < n) y[i] = a * x[i];\n    " + data[cursor:]
+    (edit,) = result.edits
+    assert edit.range.start == edit.range.end
+    assert result.best_verdict is not None and result.best_verdict.compiled
+
+    # on the mask itself: that mask; outside any function: nothing
+    at_mask = await service.complete_at(TWO_MASKS, parse_document(TWO_MASKS).masks[1].start_byte + 3)
+    assert [m.mask.index for m in at_mask.masks] == [1]
+    outside = await service.complete_at(TWO_MASKS, 3)
+    assert outside.masks == [] and outside.best_text == TWO_MASKS
+
+
+async def test_latency_budget_returns_best_validated_so_far(scripted_engine_factory, validator_pool) -> None:
+    engine = scripted_engine_factory(_fills_for_two_masks, step_delay_s=0.005)  # 20 ms per generation
+    settings = AssistantSettings(candidates=3, validation_level="compile", max_latency_ms=1)
+    service = AssistantService(settings, engine=engine, validator=validator_pool)
+    result = await service.complete_document(TWO_MASKS)
+    assert result.partial
+    # the greedy fill of every mask is always generated and validated; sampling was cut by the deadline
+    assert [len(m.candidates) for m in result.masks] == [1, 1]
+    assert all(r["temperature"] == 0.0 for r in engine.requests)
+    assert result.masks[0].candidates[0].verdict.status == "compile_error"
+    # partial results are not cached: with time to spare the same request does the full work
+    service.update_settings(settings.replace(max_latency_ms=0))
+    full = await service.complete_document(TWO_MASKS)
+    assert not full.from_cache and not full.partial
+    assert full.masks[0].candidates[0].text == GOOD_SCALE
+
+
+async def test_cancel_stops_within_one_denoising_step(tiny_engine) -> None:
+    engine = CountingEngine(tiny_engine, step_delay_s=0.01)
+    settings = AssistantSettings(candidates=1, validation_level="none", max_new_tokens=64, policy="static")
+    service = AssistantService(settings, engine=engine)
+    cancel = asyncio.Event()
+    seen_at_cancel: list[int] = []
+
+    def progress(event: Progress) -> None:
+        if event.stage == "generating" and event.done >= 3 and not cancel.is_set():
+            cancel.set()
+            seen_at_cancel.append(engine.steps)  # read after setting: later steps are the overrun
+
+    with pytest.raises(asyncio.CancelledError):
+        await service.complete_document(TWO_MASKS, progress=progress, cancel=cancel)
+    assert seen_at_cancel, "generation finished before it could be cancelled"
+    assert engine.steps <= seen_at_cancel[0] + 1
+    assert engine.calls == 1  # the second mask was never started
+
+    # the model thread is free again: a new request runs to the end
+    result = await service.complete_document(TWO_MASKS, mask_indices=[1])
+    assert len(result.masks) == 1 and not result.from_cache
+
+
+async def test_cancelling_the_task_stops_the_model_thread(tiny_engine) -> None:
+    engine = CountingEngine(tiny_engine, step_delay_s=0.01)
+    settings = AssistantSettings(candidates=1, validation_level="none", max_new_tokens=64, policy="static")
+    service = AssistantService(settings, engine=engine)
+    task = asyncio.create_task(service.complete_document(TWO_MASKS))
+    while engine.steps < 2:
+        await asyncio.sleep(0.005)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    at_cancel = engine.steps
+    await asyncio.sleep(0.2)  # twenty steps' worth: a thread that kept decoding would show here
+    assert engine.steps <= at_cancel + 1
+    # the model thread is free: the next request runs to the end
+    result = await service.complete_document(TWO_MASKS, mask_indices=[1])
+    assert engine.calls == 2 and len(result.masks) == 1
+
+
+async def test_tiny_model_end_to_end(tiny_engine, validator_pool) -> None:
+    settings = AssistantSettings(candidates=2, validation_level="compile", max_latency_ms=0,
+                                 max_new_tokens=24)
+    service = AssistantService(settings, engine=tiny_engine, validator=validator_pool)
+    result = await service.complete_document(TWO_MASKS)
+    doc = parse_document(TWO_MASKS)
+    assert len(result.masks) == 2
+    for mc in result.masks:
+        assert 1 <= len(mc.candidates) <= 2
+        assert [c.rank for c in mc.candidates] == list(range(len(mc.candidates)))
+        for c in mc.candidates:
+            assert c.verdict is not None and c.verdict.status in ("compiled", "compile_error")
+    # the <MASK:16> budget holds for every candidate, counted in the model's own tokens
+    for c in result.masks[1].candidates:
+        assert len(tiny_engine.tokenizer.encode(c.text)) <= 16 + 1  # +1: a re-tokenised boundary may split
+    # best_text is the file with exactly the two comments replaced
+    data, best = TWO_MASKS.encode(), result.best_text.encode()
+    m0, m1 = doc.masks
+    f0, f1 = (mc.candidates[0].text.encode() for mc in result.masks)
+    assert best == data[: m0.start_byte] + f0 + data[m0.end_byte : m1.start_byte] + f1 + data[m1.end_byte :]
+    assert result.model is not None and result.model.device == "cpu" and result.model.parameters > 0
