@@ -1,0 +1,141 @@
+// Wires the pieces together; extension.ts only calls this. Takes the handle factory as a parameter so
+// the unit tests can run the whole activation against the vscode stub and a fake server.
+
+import * as os from 'os';
+import type { ExtensionContext, TextDocument } from 'vscode';
+import type { HandleFactory } from './client';
+import { offerRecovery, registerClientCommands, ServerCommandFallbacks, CommandDeps } from './commands';
+import { warrantsServer } from './documents';
+import { createMiddleware, EditorContext } from './middleware';
+import { CONFIG_SECTION, DiceServerSettings } from './protocol';
+import { runWithProgress } from './serverCommands';
+import { describeResult } from './serverCommands';
+import { ServerManager } from './server';
+import { PathVariables, resolveServerLaunch, resolveServerSettings, RESTART_SECTIONS } from './settings';
+import { StatusBar } from './status';
+import * as api from './vscodeapi';
+
+export interface DiceExtension {
+    readonly manager: ServerManager;
+    readonly status: StatusBar;
+    dispose(): Promise<void>;
+}
+
+export function activateDice(context: Pick<ExtensionContext, 'subscriptions'>, createHandle: HandleFactory): DiceExtension {
+    const log = api.createLogChannel('DICE');
+    const get = (key: string): unknown => api.getConfiguration(CONFIG_SECTION).get(key);
+    const vars = (): PathVariables => ({ home: os.homedir(), workspaceFolder: api.firstWorkspaceFolder() });
+
+    let reported = '';
+    const serverSettings = (): DiceServerSettings => {
+        const { settings, problems } = resolveServerSettings(get, vars());
+        const joined = problems.join('\n');
+        if (joined !== reported) {
+            reported = joined;
+            problems.forEach((p) => log.warn(p));
+            if (problems.length > 0) {
+                void api.showWarning(`DICE settings: ${problems.join(' ')}`);
+            }
+        }
+        return settings;
+    };
+
+    const status = new StatusBar(serverSettings().automaticTrigger);
+    const commandDeps: CommandDeps = {
+        server: { get state() { return manager.state; }, ensureStarted: () => manager.ensureStarted(), restart: (m) => manager.restart(m) },
+        showLog: () => log.show(true),
+        toggleAutomatic: async () => {
+            const next = !serverSettings().automaticTrigger;
+            await api.updateSetting(CONFIG_SECTION, 'automaticTrigger', next);
+            return next;
+        },
+        executeCommand: api.executeCommand,
+        showError: api.showError,
+        showInfo: (m) => void api.showInfo(m),
+    };
+    const fallbacks = new ServerCommandFallbacks(commandDeps);
+
+    const middleware = createMiddleware({
+        automaticSuggestions: () => serverSettings().automaticTrigger,
+        serverSettings,
+        activeEditor: (): EditorContext | undefined => {
+            const editor = api.activeTextEditor();
+            return editor && {
+                uri: editor.document.uri.toString(),
+                line: editor.selection.active.line,
+                character: editor.selection.active.character,
+            };
+        },
+        warn: (m) => void api.showWarning(m),
+        runServerCommand: async (command, args) => {
+            const handle = manager.current;
+            if (!handle) {
+                await offerRecovery(commandDeps, 'DICE: the server is not running.');
+                return undefined;
+            }
+            const outcome = await runWithProgress(handle, command, args, { withProgress: api.withNotificationProgress });
+            if (outcome.kind === 'failed') {
+                log.error(`${command} failed: ${outcome.message}`);
+                void offerRecovery(commandDeps, `DICE: ${outcome.message}`);
+                return undefined;
+            }
+            if (outcome.kind === 'done') {
+                const summary = describeResult(outcome.result);
+                if (summary) {
+                    log.info(`${command}: ${summary}`);
+                    void api.showInfo(`DICE: ${summary}`);
+                }
+                return outcome.result;
+            }
+            return undefined;
+        },
+    });
+
+    const manager: ServerManager = new ServerManager({
+        createHandle,
+        launch: () => resolveServerLaunch(get, vars()),
+        settings: serverSettings,
+        middleware,
+        log,
+        onPhase: (phase) => status.setPhase(phase),
+        onStatus: (payload) => {
+            if (!status.onStatus(payload)) {
+                log.warn(`Ignored a malformed dice/status notification: ${JSON.stringify(payload)}`);
+            }
+        },
+        beforeStart: () => fallbacks.unregister(),
+        afterStop: () => fallbacks.register(),
+        onGiveUp: (message) => void offerRecovery(commandDeps, `DICE: ${message}`),
+    });
+    fallbacks.register();
+
+    const startFor = (doc: TextDocument): void => {
+        if (manager.state === 'idle' && warrantsServer(doc)) {
+            manager.ensureStarted().catch((e) => log.error(`Starting the DICE server failed: ${String(e)}`));
+        }
+    };
+
+    context.subscriptions.push(
+        log,
+        status,
+        { dispose: () => fallbacks.unregister() },
+        ...registerClientCommands(commandDeps),
+        api.onDidOpenTextDocument(startFor),
+        api.onDidChangeConfiguration((e) => {
+            if (!e.affectsConfiguration(CONFIG_SECTION)) {
+                return;
+            }
+            status.setAutomatic(serverSettings().automaticTrigger);
+            if (RESTART_SECTIONS.some((s) => e.affectsConfiguration(s))) {
+                if (manager.state !== 'idle') {
+                    void manager.restart(false);
+                }
+            } else {
+                manager.pushSettings().catch((err) => log.error(`Sending settings failed: ${String(err)}`));
+            }
+        }),
+    );
+    api.openTextDocuments().forEach(startFor);
+
+    return { manager, status, dispose: () => manager.stop() };
+}

@@ -1,0 +1,76 @@
+// The wire contract between this extension and `dice-lsp` (docs/INTERNALS.md, "LSP ⟷ clients").
+// No `vscode` import: the Node integration test speaks to the real server through this module too.
+
+import { NotificationType } from 'vscode-languageserver-protocol';
+
+/** Commands the server executes (`workspace/executeCommand`). */
+export const ServerCommands = {
+    fillAllMasks: 'dice.fillAllMasks', // [uri]
+    fillMask: 'dice.fillMask', // [uri, {line, character}]
+    generateKernel: 'dice.generateKernel', // [uri]
+    validateKernel: 'dice.validateKernel', // [uri]
+} as const;
+export type ServerCommand = (typeof ServerCommands)[keyof typeof ServerCommands];
+
+/** Commands only this extension handles. */
+export const ClientCommands = {
+    restartServer: 'dice.restartServer',
+    showLog: 'dice.showLog',
+    toggleAutomaticSuggestions: 'dice.toggleAutomaticSuggestions',
+} as const;
+
+export function isServerCommand(command: string): command is ServerCommand {
+    return (Object.values(ServerCommands) as string[]).includes(command);
+}
+
+export type DiceState = 'loading' | 'ready' | 'busy' | 'validating' | 'error';
+export const DICE_STATES: readonly DiceState[] = ['loading', 'ready', 'busy', 'validating', 'error'];
+
+/** Payload of the server -> client `dice/status` notification. */
+export interface DiceStatus {
+    state: DiceState;
+    model: string | null;
+    device: string | null;
+    message: string | null;
+}
+export const DiceStatusNotification = new NotificationType<DiceStatus>('dice/status');
+
+export type Device = 'auto' | 'cpu' | 'cuda';
+export type Policy = 'static' | 'dynamic' | 'entropy';
+export type ValidationLevel = 'none' | 'compile' | 'run';
+
+/**
+ * The `dice` settings object: `initializationOptions` is exactly this, and
+ * `workspace/didChangeConfiguration` carries `{"dice": DiceServerSettings}`.
+ */
+export interface DiceServerSettings {
+    modelPath: string; // "" = the embedded model
+    device: Device;
+    candidates: number;
+    blockSize: number;
+    stepsPerBlock: number;
+    policy: Policy;
+    threshold: number;
+    maxLatencyMs: number;
+    automaticTrigger: boolean;
+    validationLevel: ValidationLevel;
+    maxNewTokens: number;
+}
+
+export const DEFAULT_SERVER_SETTINGS: Readonly<DiceServerSettings> = Object.freeze({
+    modelPath: '',
+    device: 'auto',
+    candidates: 3,
+    blockSize: 4,
+    stepsPerBlock: 4,
+    policy: 'dynamic',
+    threshold: 0.9,
+    maxLatencyMs: 2000,
+    automaticTrigger: true,
+    validationLevel: 'run',
+    maxNewTokens: 256,
+});
+
+export const SERVER_SETTING_KEYS = Object.keys(DEFAULT_SERVER_SETTINGS) as (keyof DiceServerSettings)[];
+
+export const CONFIG_SECTION = 'dice';

@@ -1,0 +1,98 @@
+// The only module that touches `vscode` values: everything else goes through here, so unit tests
+// can swap in the stub in src/test/stub/vscode.ts.
+
+import * as vscode from 'vscode';
+
+export type Disposable = vscode.Disposable;
+
+export function createLogChannel(name: string): vscode.LogOutputChannel {
+    return vscode.window.createOutputChannel(name, { log: true });
+}
+
+export function createStatusBarItem(id: string, priority: number): vscode.StatusBarItem {
+    return vscode.window.createStatusBarItem(id, vscode.StatusBarAlignment.Right, priority);
+}
+
+export function themeColor(id: string): vscode.ThemeColor {
+    return new vscode.ThemeColor(id);
+}
+
+export function registerCommand(command: string, callback: (...args: unknown[]) => unknown): vscode.Disposable {
+    return vscode.commands.registerCommand(command, callback);
+}
+
+export function getConfiguration(section: string, scope?: vscode.ConfigurationScope): vscode.WorkspaceConfiguration {
+    return vscode.workspace.getConfiguration(section, scope);
+}
+
+export function onDidChangeConfiguration(
+    listener: (e: vscode.ConfigurationChangeEvent) => unknown,
+): vscode.Disposable {
+    return vscode.workspace.onDidChangeConfiguration(listener);
+}
+
+export function onDidOpenTextDocument(listener: (d: vscode.TextDocument) => unknown): vscode.Disposable {
+    return vscode.workspace.onDidOpenTextDocument(listener);
+}
+
+export function openTextDocuments(): readonly vscode.TextDocument[] {
+    return vscode.workspace.textDocuments;
+}
+
+export function activeTextEditor(): vscode.TextEditor | undefined {
+    return vscode.window.activeTextEditor;
+}
+
+export function firstWorkspaceFolder(): string | undefined {
+    return vscode.workspace.workspaceFolders?.[0]?.uri.fsPath;
+}
+
+export function showError(message: string, ...actions: string[]): Thenable<string | undefined> {
+    return vscode.window.showErrorMessage(message, ...actions);
+}
+
+export function showWarning(message: string, ...actions: string[]): Thenable<string | undefined> {
+    return vscode.window.showWarningMessage(message, ...actions);
+}
+
+export function showInfo(message: string, ...actions: string[]): Thenable<string | undefined> {
+    return vscode.window.showInformationMessage(message, ...actions);
+}
+
+export function withNotificationProgress<T>(
+    title: string,
+    task: (progress: vscode.Progress<{ message?: string; increment?: number }>, token: vscode.CancellationToken) => Thenable<T>,
+): Thenable<T> {
+    return vscode.window.withProgress({ location: vscode.ProgressLocation.Notification, title, cancellable: true }, task);
+}
+
+export function isAutomaticInlineTrigger(context: vscode.InlineCompletionContext): boolean {
+    return context.triggerKind === vscode.InlineCompletionTriggerKind.Automatic;
+}
+
+/** Writes where the effective value comes from, so a workspace override does not hide the change. */
+export function updateSetting(section: string, key: string, value: unknown): Thenable<void> {
+    const config = vscode.workspace.getConfiguration(section);
+    const where = config.inspect(key);
+    const target =
+        where?.workspaceFolderValue !== undefined
+            ? vscode.ConfigurationTarget.WorkspaceFolder
+            : where?.workspaceValue !== undefined
+              ? vscode.ConfigurationTarget.Workspace
+              : vscode.ConfigurationTarget.Global;
+    return config.update(key, value, target);
+}
+
+export async function showTextDocument(uri: string): Promise<void> {
+    const document = await vscode.workspace.openTextDocument(vscode.Uri.parse(uri));
+    await vscode.window.showTextDocument(document, { preview: false });
+}
+
+export async function openUntitled(content: string, language: string): Promise<void> {
+    const document = await vscode.workspace.openTextDocument({ content, language });
+    await vscode.window.showTextDocument(document, { preview: false });
+}
+
+export function executeCommand(command: string, ...args: unknown[]): Thenable<unknown> {
+    return vscode.commands.executeCommand(command, ...args);
+}

@@ -1,0 +1,271 @@
+// A small stand-in for the `vscode` module: just the API this extension touches, with state the tests
+// can inspect (registered commands, messages shown, status bar items, settings) and drive.
+
+/* eslint-disable @typescript-eslint/no-explicit-any */
+
+export class Disposable {
+    constructor(private readonly callOnDispose: () => void) {}
+    dispose(): void {
+        this.callOnDispose();
+    }
+}
+
+export class EventEmitter<T> {
+    private listeners: ((e: T) => unknown)[] = [];
+    event = (listener: (e: T) => unknown): Disposable => {
+        this.listeners.push(listener);
+        return new Disposable(() => {
+            this.listeners = this.listeners.filter((l) => l !== listener);
+        });
+    };
+    fire(e: T): void {
+        [...this.listeners].forEach((l) => l(e));
+    }
+    dispose(): void {
+        this.listeners = [];
+    }
+}
+
+export enum StatusBarAlignment {
+    Left = 1,
+    Right = 2,
+}
+export enum ProgressLocation {
+    SourceControl = 1,
+    Window = 10,
+    Notification = 15,
+}
+export enum ConfigurationTarget {
+    Global = 1,
+    Workspace = 2,
+    WorkspaceFolder = 3,
+}
+export enum InlineCompletionTriggerKind {
+    Invoke = 0,
+    Automatic = 1,
+}
+export class ThemeColor {
+    constructor(public readonly id: string) {}
+}
+
+export class Uri {
+    private constructor(
+        public readonly scheme: string,
+        public readonly fsPath: string,
+    ) {}
+    static parse(value: string): Uri {
+        const [scheme, rest] = value.split('://');
+        return new Uri(scheme, decodeURIComponent(rest ?? ''));
+    }
+    static file(path: string): Uri {
+        return new Uri('file', path);
+    }
+    toString(): string {
+        return `${this.scheme}://${encodeURI(this.fsPath)}`;
+    }
+}
+
+export interface StubStatusBarItem {
+    id: string;
+    text: string;
+    tooltip: string | undefined;
+    command: string | undefined;
+    name: string | undefined;
+    backgroundColor: ThemeColor | undefined;
+    visible: boolean;
+    disposed: boolean;
+    show(): void;
+    hide(): void;
+    dispose(): void;
+}
+
+export interface StubLogChannel {
+    name: string;
+    lines: string[];
+    shown: number;
+    info(m: string): void;
+    warn(m: string): void;
+    error(m: string): void;
+    debug(m: string): void;
+    trace(m: string): void;
+    append(m: string): void;
+    appendLine(m: string): void;
+    show(preserveFocus?: boolean): void;
+    dispose(): void;
+}
+
+/** Everything the stub records; `reset()` between tests. */
+export const stub = {
+    commands: new Map<string, (...args: any[]) => any>(),
+    executed: [] as { command: string; args: unknown[] }[],
+    messages: [] as { level: 'info' | 'warning' | 'error'; text: string; actions: string[] }[],
+    /** Answer the next message boxes with these choices (first in, first out); default undefined. */
+    answers: [] as (string | undefined)[],
+    statusItems: [] as StubStatusBarItem[],
+    channels: [] as StubLogChannel[],
+    progress: [] as { title: string; reports: { message?: string; increment?: number }[] }[],
+    /** Cancels the token handed to withProgress tasks when set before the call. */
+    cancelProgress: false,
+    settings: new Map<string, unknown>(),
+    workspaceSettings: new Map<string, unknown>(),
+    updates: [] as { key: string; value: unknown; target: ConfigurationTarget }[],
+    textDocuments: [] as any[],
+    activeTextEditor: undefined as any,
+    configChanged: new EventEmitter<{ affectsConfiguration(section: string): boolean }>(),
+    documentOpened: new EventEmitter<any>(),
+    reset(): void {
+        this.commands.clear();
+        this.executed = [];
+        this.messages = [];
+        this.answers = [];
+        this.statusItems = [];
+        this.channels = [];
+        this.progress = [];
+        this.cancelProgress = false;
+        this.settings.clear();
+        this.workspaceSettings.clear();
+        this.updates = [];
+        this.textDocuments = [];
+        this.activeTextEditor = undefined;
+        this.configChanged.dispose();
+        this.documentOpened.dispose();
+    },
+    /** Sets `section.key` (user scope) and fires onDidChangeConfiguration like VS Code does. */
+    setSetting(key: string, value: unknown): void {
+        this.settings.set(key, value);
+        this.configChanged.fire({ affectsConfiguration: (s: string) => key === s || key.startsWith(`${s}.`) });
+    },
+};
+
+function message(level: 'info' | 'warning' | 'error') {
+    return (text: string, ...actions: string[]): Promise<string | undefined> => {
+        stub.messages.push({ level, text, actions });
+        return Promise.resolve(stub.answers.shift());
+    };
+}
+
+export const window = {
+    createOutputChannel(name: string): StubLogChannel {
+        const lines: string[] = [];
+        const channel: StubLogChannel = {
+            name,
+            lines,
+            shown: 0,
+            info: (m) => lines.push(`[info] ${m}`),
+            warn: (m) => lines.push(`[warning] ${m}`),
+            error: (m) => lines.push(`[error] ${m}`),
+            debug: (m) => lines.push(`[debug] ${m}`),
+            trace: (m) => lines.push(`[trace] ${m}`),
+            append: (m) => lines.push(m),
+            appendLine: (m) => lines.push(m),
+            show: () => {
+                channel.shown += 1;
+            },
+            dispose: () => undefined,
+        };
+        stub.channels.push(channel);
+        return channel;
+    },
+    createStatusBarItem(id: string): StubStatusBarItem {
+        const item: StubStatusBarItem = {
+            id,
+            text: '',
+            tooltip: undefined,
+            command: undefined,
+            name: undefined,
+            backgroundColor: undefined,
+            visible: false,
+            disposed: false,
+            show: () => {
+                item.visible = true;
+            },
+            hide: () => {
+                item.visible = false;
+            },
+            dispose: () => {
+                item.disposed = true;
+            },
+        };
+        stub.statusItems.push(item);
+        return item;
+    },
+    showInformationMessage: message('info'),
+    showWarningMessage: message('warning'),
+    showErrorMessage: message('error'),
+    withProgress<T>(
+        options: { title: string },
+        task: (progress: { report(v: object): void }, token: { isCancellationRequested: boolean; onCancellationRequested: any }) => Promise<T>,
+    ): Promise<T> {
+        const record = { title: options.title, reports: [] as object[] };
+        stub.progress.push(record);
+        const token = { isCancellationRequested: stub.cancelProgress, onCancellationRequested: () => new Disposable(() => undefined) };
+        return task({ report: (v) => record.reports.push(v) }, token);
+    },
+    get activeTextEditor(): unknown {
+        return stub.activeTextEditor;
+    },
+    showTextDocument: (): Promise<void> => Promise.resolve(),
+};
+
+export const commands = {
+    registerCommand(id: string, callback: (...args: any[]) => any): Disposable {
+        if (stub.commands.has(id)) {
+            // What VS Code does too.
+            throw new Error(`command '${id}' already exists`);
+        }
+        stub.commands.set(id, callback);
+        return new Disposable(() => {
+            if (stub.commands.get(id) === callback) {
+                stub.commands.delete(id);
+            }
+        });
+    },
+    async executeCommand(id: string, ...args: unknown[]): Promise<unknown> {
+        stub.executed.push({ command: id, args });
+        const handler = stub.commands.get(id);
+        if (!handler) {
+            throw new Error(`command '${id}' not found`);
+        }
+        return handler(...args);
+    },
+};
+
+export const workspace = {
+    getConfiguration(section: string) {
+        const full = (key: string): string => `${section}.${key}`;
+        return {
+            get: (key: string, fallback?: unknown): unknown =>
+                stub.workspaceSettings.get(full(key)) ?? stub.settings.get(full(key)) ?? fallback,
+            inspect: (key: string) => ({
+                key: full(key),
+                globalValue: stub.settings.get(full(key)),
+                workspaceValue: stub.workspaceSettings.get(full(key)),
+                workspaceFolderValue: undefined,
+            }),
+            update: (key: string, value: unknown, target: ConfigurationTarget): Promise<void> => {
+                stub.updates.push({ key: full(key), value, target });
+                if (target === ConfigurationTarget.Workspace) {
+                    stub.workspaceSettings.set(full(key), value);
+                    stub.configChanged.fire({ affectsConfiguration: (s: string) => full(key) === s || full(key).startsWith(`${s}.`) });
+                } else {
+                    stub.setSetting(full(key), value);
+                }
+                return Promise.resolve();
+            },
+        };
+    },
+    onDidChangeConfiguration: (listener: (e: { affectsConfiguration(section: string): boolean }) => unknown) =>
+        stub.configChanged.event(listener),
+    onDidOpenTextDocument: (listener: (d: unknown) => unknown) => stub.documentOpened.event(listener),
+    get textDocuments(): unknown[] {
+        return stub.textDocuments;
+    },
+    workspaceFolders: undefined as unknown,
+    openTextDocument: (): Promise<unknown> => Promise.resolve({}),
+};
+
+/** A TextDocument-shaped object for tests. */
+export function makeDocument(path: string, languageId: string, text: string): any {
+    const uri = Uri.file(path);
+    return { uri, fileName: path, languageId, getText: () => text };
+}
