@@ -1,0 +1,19 @@
+"""Exceptions the engine raises for bad checkpoints, configs and cancelled generations."""
+
+from __future__ import annotations
+
+
+class CheckpointError(Exception):
+    """A checkpoint folder cannot be loaded: missing/corrupt files, key or shape mismatch."""
+
+
+class ConfigError(CheckpointError, ValueError):
+    """config.json is missing a required field or holds an unusable value."""
+
+
+class UnsupportedArchitectureError(CheckpointError):
+    """config.json names a model family this engine does not implement."""
+
+
+class Cancelled(Exception):  # noqa: N818 - reads better at call sites than CancelledError
+    """Raised by an ``on_step`` callback to stop a generation between denoising steps."""

@@ -1,0 +1,464 @@
+"""SDAR / DICE block-diffusion transformer (Qwen3 decoder layout) and its config.
+
+Shapes: B batch, T query length, S key length (cache slots), H query heads, G kv heads, D head dim.
+Module and parameter names follow the Hugging Face Qwen3/SDAR checkpoints (``model.layers.N.self_attn.q_proj``
+...), so ``state_dict`` keys are the safetensors keys of a released checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from engine.errors import ConfigError, UnsupportedArchitectureError
+
+if TYPE_CHECKING:
+    from engine.kv_cache import KVCache
+
+try:  # flex_attention is optional: plain SDPA covers every mask the engine builds itself
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+except ImportError:  # pragma: no cover - torch < 2.5
+    BlockMask = None
+    create_block_mask = None
+    flex_attention = None
+
+KNOWN_MODEL_TYPES = frozenset({"sdar", "qwen3"})
+KNOWN_ARCHITECTURES = frozenset({"SDARForCausalLM", "SDARModel", "Qwen3ForCausalLM"})
+REQUIRED_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The fields of an SDAR/DICE ``config.json`` this engine reads; unknown fields are kept in ``extra``."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    hidden_act: str = "silu"
+    block_size: int = 4
+    mask_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+    model_type: str = "sdar"
+    architectures: tuple[str, ...] = ("SDARForCausalLM",)
+    torch_dtype: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "config") -> ModelConfig:
+        """Validate and convert a parsed config.json; ``source`` names the file in error messages."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{source}: expected a JSON object, got {type(data).__name__}")
+        model_type = data.get("model_type")
+        if model_type is not None and model_type not in KNOWN_MODEL_TYPES:
+            raise UnsupportedArchitectureError(
+                f"{source}: model_type {model_type!r} is not supported (this engine runs "
+                f"{sorted(KNOWN_MODEL_TYPES)}: SDAR/DICE block-diffusion Qwen3 decoders)"
+            )
+        architectures = tuple(data.get("architectures") or ("SDARForCausalLM",))
+        unknown = [a for a in architectures if a not in KNOWN_ARCHITECTURES]
+        if unknown:
+            raise UnsupportedArchitectureError(
+                f"{source}: architecture {unknown[0]!r} is not supported "
+                f"(known: {sorted(KNOWN_ARCHITECTURES)})"
+            )
+        missing = [name for name in REQUIRED_FIELDS if data.get(name) is None]
+        if missing:
+            raise ConfigError(f"{source}: required field(s) missing: {', '.join(missing)}")
+
+        def integer(name: str, default: int | None = None) -> int:
+            value = data.get(name, default)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{source}: {name} must be a positive integer, got {value!r}")
+            return value
+
+        heads = integer("num_attention_heads")
+        hidden = integer("hidden_size")
+        kv_heads = integer("num_key_value_heads", heads)
+        if heads % kv_heads:
+            raise ConfigError(
+                f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+            )
+        head_dim = data.get("head_dim")
+        head_dim = integer("head_dim") if head_dim is not None else hidden // heads
+        if head_dim % 2:
+            raise ConfigError(f"{source}: head_dim must be even for rotary embeddings, got {head_dim}")
+        if data.get("hidden_act", "silu") != "silu":
+            raise ConfigError(
+                f"{source}: hidden_act {data['hidden_act']!r} is not supported (SwiGLU uses silu)"
+            )
+        rope_scaling = data.get("rope_scaling")
+        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) not in (None, "default"):
+            raise ConfigError(f"{source}: rope_scaling {rope_scaling!r} is not supported (only plain RoPE)")
+        if data.get("use_sliding_window"):
+            raise ConfigError(f"{source}: use_sliding_window=true is not supported")
+        mask_token_id = data.get("mask_token_id")
+        eos = data.get("eos_token_id")
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(
+            vocab_size=integer("vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=integer("intermediate_size"),
+            num_hidden_layers=integer("num_hidden_layers"),
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(data.get("rope_theta", 1_000_000.0)),
+            max_position_embeddings=integer("max_position_embeddings", 32768),
+            tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
+            attention_bias=bool(data.get("attention_bias", False)),
+            block_size=integer("block_size", 4),
+            mask_token_id=int(mask_token_id) if mask_token_id is not None else None,
+            bos_token_id=data.get("bos_token_id"),
+            eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+            pad_token_id=data.get("pad_token_id"),
+            model_type=model_type or "sdar",
+            architectures=architectures,
+            torch_dtype=data.get("torch_dtype", data.get("dtype")),
+            extra={k: v for k, v in data.items() if k not in known and k != "dtype"},
+        )
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> ModelConfig:
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise ConfigError(f"{path}: config.json not found")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: not valid JSON ({exc})") from exc
+        return cls.from_dict(data, source=str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.extra)
+        for f in dataclasses.fields(self):
+            if f.name == "extra":
+                continue
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def to_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+    @property
+    def num_parameters(self) -> int:
+        d, h, g, hd = self.hidden_size, self.num_attention_heads, self.num_key_value_heads, self.head_dim
+        attn = d * h * hd * 2 + d * g * hd * 2 + 2 * hd
+        mlp = 3 * d * self.intermediate_size
+        layers = self.num_hidden_layers * (attn + mlp + 2 * d)
+        head = 0 if self.tie_word_embeddings else self.vocab_size * d
+        return self.vocab_size * d + layers + d + head
+
+
+def block_causal_mask(seq_len: int, block_size: int, device: torch.device | str | None = None) -> Tensor:
+    """(1, 1, T, T) bool: position i may attend to j when j's block is not after i's block."""
+    blocks = torch.arange(seq_len, device=device) // block_size
+    return (blocks[:, None] >= blocks[None, :])[None, None]
+
+
+def block_causal_block_mask(seq_len: int, block_size: int, device: torch.device | str = "cpu") -> BlockMask:
+    """The same block-causal pattern as a flex_attention ``BlockMask`` (for training on long sequences)."""
+    if create_block_mask is None:  # pragma: no cover
+        raise RuntimeError("flex_attention needs torch >= 2.5")
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return q_idx // block_size >= kv_idx // block_size
+
+    return create_block_mask(mask_mod, None, None, seq_len, seq_len, device=device)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Normalise in float32 and scale in the input dtype, as the reference Qwen3 RMSNorm does.
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_cos_sin(
+    position_ids: Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """cos/sin of shape (B, 1, T, D) for the rotate-half RoPE convention of Qwen3."""
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim)
+    )
+    freqs = position_ids.float()[..., None] * inv_freq  # (B, T, D/2)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    return x * cos + _rotate_half(x) * sin
+
+
+def _grouped_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """SDPA for short queries against a long GQA cache without repeating K/V.
+
+    q (B, H, T, D), k/v (B, G, S, D), mask (B|1, 1, T, S) bool. The H/G query heads that share a kv head
+    are folded into the query length, so K/V are read once per kv head.
+    """
+    b, h, t, d = q.shape
+    g = k.shape[1]
+    rep = h // g
+    qg = q.reshape(b, g, rep * t, d)
+    mg = (
+        mask[:, :, None]
+        .expand(mask.shape[0], 1, rep, t, mask.shape[-1])
+        .reshape(mask.shape[0], 1, rep * t, -1)
+    )
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mg)
+    return out.reshape(b, h, t, d)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        hd, bias = config.head_dim, config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * hd, config.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(hd, config.rms_norm_eps)
+        self.k_norm = RMSNorm(hd, config.rms_norm_eps)
+
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor | BlockMask,
+        cache: KVCache | None = None,
+        start: Tensor | None = None,
+    ) -> Tensor:
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim)).transpose(
+            1, 2
+        )  # (B, H, T, D)
+        k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(
+            1, 2
+        )  # (B, G, T, D)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.write(self.layer_idx, start, k, v)  # (B, G, S, D): the whole cache, masked by `mask`
+            out = _grouped_sdpa(q, k, v, mask)
+        elif BlockMask is not None and isinstance(mask, BlockMask):
+            out = flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads
+            )
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, layer_idx)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor | BlockMask,
+        cache: KVCache | None = None,
+        start: Tensor | None = None,
+    ) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, start)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """``model.*`` in checkpoint keys: embeddings, layers, final norm."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class DiceModel(nn.Module):
+    """Block-diffusion LM: the logit at position i predicts token i (no shift)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.gradient_checkpointing = False
+
+    def tie_weights(self) -> None:
+        self.lm_head.weight = self.model.embed_tokens.weight
+
+    @torch.no_grad()
+    def init_weights(
+        self, *, std: float = 0.02, seed: int | None = None, head_std: float | None = None
+    ) -> None:
+        """Random normal init (norms to one); ``seed`` makes it reproducible on any device."""
+        gen = None
+        if seed is not None:
+            device = self.lm_head.weight.device
+            gen = torch.Generator(device=device)
+            gen.manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                s = head_std if (head_std is not None and name == "lm_head.weight") else std
+                p.normal_(0.0, s, generator=gen)
+
+    def _rope(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        return rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, dtype)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor | None = None,
+        mask: Tensor | BlockMask | None = None,
+    ) -> Tensor:
+        """Logits (B, T, V) of a full sequence.
+
+        mask: None = block-causal over the sequence with ``config.block_size``; a flex_attention
+        BlockMask; or a bool tensor (B|1, 1, T, T), True = may attend. Every query row must see at least
+        one key.
+        """
+        b, t = input_ids.shape
+        device = input_ids.device
+        if position_ids is None:
+            position_ids = torch.arange(t, device=device)[None].expand(b, t)
+        if mask is None:
+            mask = block_causal_mask(t, self.config.block_size, device)
+        elif isinstance(mask, Tensor) and (
+            mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[-2:] != (t, t)
+        ):
+            raise ValueError(
+                f"mask must be a bool (B|1, 1, {t}, {t}) tensor, got {mask.dtype} {tuple(mask.shape)}"
+            )
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self._rope(position_ids, x.dtype)
+        for layer in self.model.layers:
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(layer, x, cos, sin, mask, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, mask)
+        return self.lm_head(self.model.norm(x))
+
+    def forward_cached(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        cache: KVCache,
+        start: Tensor,
+        *,
+        logits_last: int | None = None,
+    ) -> Tensor:
+        """Run (B, T) tokens that occupy cache slots [start, start + T), writing their K/V into the cache.
+
+        Attention follows the cache's visibility rule (earlier blocks + own block, bidirectional inside a
+        block, left padding hidden). ``start`` is a 1-element long tensor so the call can be graph-captured.
+        Returns logits of the last ``logits_last`` positions (all when None).
+        """
+        t = input_ids.shape[1]
+        mask = cache.visibility(start, t)  # (B, 1, T, S)
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self._rope(position_ids, x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, mask, cache, start)
+        if logits_last is not None:
+            x = x[:, t - logits_last :]
+        return self.lm_head(self.model.norm(x))
+
+
+def param_bytes(model: nn.Module) -> int:
+    """Bytes of distinct parameter storage (tied weights counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    return total
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Checkpoint key -> shape implied by the config (lm_head included even when tied)."""
+    with torch.device("meta"):
+        model = DiceModel(config)
+    return {k: tuple(v.shape) for k, v in model.state_dict(keep_vars=True).items()}
+
+
+__all__ = [
+    "ModelConfig",
+    "DiceModel",
+    "block_causal_mask",
+    "block_causal_block_mask",
+    "rope_cos_sin",
+    "apply_rope",
+    "param_bytes",
+    "expected_shapes",
+]
