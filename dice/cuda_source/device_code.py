@@ -1,0 +1,362 @@
+"""The device-side part of a ``.cu`` file, ready for NVRTC, with a map back to the user's lines.
+
+NVRTC compiles device code only: a function without ``__device__``/``__global__`` is a host function and
+"host functions are not allowed in JIT mode", and it cannot open host headers (``<vector>``, ``<cstdio>``,
+``<torch/extension.h>``). So the extractor walks the namespace-scope items of the tree-sitter tree and
+
+- keeps kernels, ``__device__`` (and ``__host__ __device__``) functions and prototypes, macros, typedefs,
+  ``using`` aliases, structs/classes/enums, templates of these, ``__constant__``/``__device__``/
+  ``__managed__`` variables, ``const``/``constexpr`` constants of plain types, comments, and everything inside
+  ``#if``/``namespace``/``extern "C"`` blocks by the same rules;
+- drops host functions (``main``, launchers with ``<<<>>>``, anything calling ``cudaMalloc``), host
+  prototypes and host variables; ``constexpr`` host functions are kept as ``__host__ __device__`` instead,
+  because kernels use them in constant expressions (``cdiv``);
+- keeps includes NVRTC resolves (CUDA device headers, quoted user headers), rewrites C/C++ standard headers
+  to their libcu++ twins (``<cmath>`` -> ``<cuda/std/cmath>`` and ``namespace std`` aliased to ``cuda::std``)
+  and drops the rest (``<cuda_runtime.h>`` is implicit in NVRTC). The rewrites need libcu++ on the include
+  path (CuPy ships it in ``cupy/_core/include/cupy/_cccl/libcudacxx``).
+
+Lines are never merged across a dropped region's line breaks except where the dropped code shared a line
+with kept code, so ``line_map[i]`` (0-based line of the original for output line ``i``) is exact for every
+kept line; inserted lines map to the line they replace.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass
+
+import tree_sitter
+
+from dice.cuda_source._parser import LANGUAGE, node_text, parse_bytes
+from dice.cuda_source.document import (
+    _function_declarator,
+    _kind_from_specifiers,
+    _qualifier_macros,
+)
+from dice.cuda_source.positions import _LINE_BREAK, PositionIndex, decode_bytes, encode_text
+
+
+@dataclass(frozen=True)
+class DeviceCode:
+    """``source`` for NVRTC; ``line_map[i]`` = 0-based original line of ``source`` line ``i``;
+    ``has_host_code`` = host functions or variables were removed; ``dropped_includes`` = system headers
+    removed because NVRTC cannot (or need not) open them."""
+
+    source: str
+    line_map: list[int]
+    has_host_code: bool
+    dropped_includes: tuple[str, ...] = ()
+
+    def original_line(self, source_line: int) -> int | None:
+        """Original 0-based line of 0-based ``source_line``, or None when out of range."""
+        if 0 <= source_line < len(self.line_map):
+            return self.line_map[source_line]
+        return None
+
+
+# Headers NVRTC opens given the CUDA include directory (device-side CUDA headers, libcu++, CUB, CUTLASS).
+_DEVICE_HEADERS = frozenset({
+    "cuda_fp16.h", "cuda_fp16.hpp", "cuda_bf16.h", "cuda_bf16.hpp", "cuda_fp8.h", "cuda_fp8.hpp",
+    "cuda_fp6.h", "cuda_fp6.hpp", "cuda_fp4.h", "cuda_fp4.hpp", "mma.h", "cooperative_groups.h",
+    "cuda_pipeline.h", "cuda_pipeline_primitives.h", "cuda_pipeline_helpers.h", "cuda_awbarrier.h",
+    "cuda_awbarrier_primitives.h", "cuda_awbarrier_helpers.h", "curand_kernel.h", "math_constants.h",
+    "vector_types.h", "vector_functions.h", "sm_20_intrinsics.h", "sm_30_intrinsics.h",
+    "sm_32_intrinsics.h", "sm_35_intrinsics.h", "sm_61_intrinsics.h", "cuda_texture_types.h",
+    "cuda_surface_types.h",
+})
+_DEVICE_HEADER_PREFIXES = ("cooperative_groups/", "cuda/", "cub/", "cute/", "cutlass/", "nv/", "crt/")
+# C and C++ standard headers with a libcu++ twin that NVRTC can open.
+_LIBCUXX_TWINS = {
+    **{name: name for name in (
+        "array", "atomic", "bit", "bitset", "cassert", "cfloat", "climits", "cmath", "complex", "concepts",
+        "cstddef", "cstdint", "cstdlib", "cstring", "functional", "limits", "numbers", "numeric", "optional",
+        "ratio", "span", "tuple", "type_traits", "utility", "variant")},
+    "stdint.h": "cstdint", "float.h": "cfloat", "limits.h": "climits", "math.h": "cmath",
+    "stddef.h": "cstddef", "stdlib.h": "cstdlib", "string.h": "cstring", "assert.h": "cassert",
+}
+_STD_ALIAS = "namespace std { using namespace cuda::std; }"
+# <cstdint> puts the fixed-width types in the global namespace too; kernels use them unqualified.
+_GLOBAL_INT_TYPES = "using cuda::std::int8_t; using cuda::std::int16_t; using cuda::std::int32_t; " \
+    "using cuda::std::int64_t; using cuda::std::uint8_t; using cuda::std::uint16_t; " \
+    "using cuda::std::uint32_t; using cuda::std::uint64_t; using cuda::std::intptr_t; " \
+    "using cuda::std::uintptr_t;"
+
+# What makes a standard header needed by the device code (besides any use of namespace std).
+_INT_TYPES = frozenset({f"{u}int{n}_t" for u in ("", "u") for n in (8, 16, 32, 64)}
+                       | {"intptr_t", "uintptr_t", "intmax_t", "uintmax_t"})
+_TWIN_NAMES = {
+    "cstdint": _INT_TYPES,
+    "cmath": frozenset({"INFINITY", "NAN", "HUGE_VAL", "HUGE_VALF", "FP_NAN", "FP_INFINITE"}),
+    "climits": frozenset({"CHAR_BIT", "SCHAR_MIN", "SCHAR_MAX", "UCHAR_MAX", "CHAR_MIN", "CHAR_MAX",
+                          "SHRT_MIN", "SHRT_MAX", "USHRT_MAX", "INT_MIN", "INT_MAX", "UINT_MAX", "LONG_MIN",
+                          "LONG_MAX", "ULONG_MAX", "LLONG_MIN", "LLONG_MAX", "ULLONG_MAX"}),
+    "cstddef": frozenset({"ptrdiff_t", "max_align_t", "nullptr_t", "byte"}),
+}
+_TWIN_PREFIXES = {"cstdint": ("INT8_", "INT16_", "INT32_", "INT64_", "UINT8_", "UINT16_", "UINT32_",
+                              "UINT64_", "INTPTR_", "UINTPTR_", "SIZE_MAX"),
+                  "cfloat": ("FLT_", "DBL_", "LDBL_")}
+_NAME_QUERY = tree_sitter.Query(
+    LANGUAGE, "[(identifier) (type_identifier) (namespace_identifier) (primitive_type)] @name")
+_MACRO_QUERY = tree_sitter.Query(LANGUAGE, """
+[(preproc_def name: (identifier) @name value: (preproc_arg)? @body)
+ (preproc_function_def name: (identifier) @name value: (preproc_arg)? @body)]""")
+# Splits the raw text of a macro body (which tree-sitter does not parse) into identifier-like words.
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+_DEVICE_VARIABLE_QUALIFIERS = frozenset({"__constant__", "__device__", "__shared__", "__managed__"})
+_HOST_NAMESPACES = frozenset({"std", "torch", "at", "c10", "pybind11", "py", "thrust", "chrono"})
+_CONTAINERS = frozenset({"preproc_if", "preproc_ifdef", "preproc_else", "preproc_elif", "preproc_elifdef"})
+_PLAIN_TYPES = frozenset({"primitive_type", "sized_type_specifier", "type_identifier",
+                          "placeholder_type_specifier"})
+
+
+def extract_device_code(text: str) -> DeviceCode:
+    """Device code of ``text`` for NVRTC (see the module docstring for what is kept)."""
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8", "replace")
+    data = encode_text(text)
+    root = parse_bytes(data).root_node
+    extractor = _Extractor(data, _qualifier_macros(root, data))
+    for child in root.children:
+        extractor.visit(child)
+    extractor.finish(root)
+    source, line_map = _apply(data, sorted(extractor.edits, key=lambda e: (e[0], e[1])))
+    return DeviceCode(source=source, line_map=line_map, has_host_code=extractor.has_host_code,
+                      dropped_includes=tuple(extractor.dropped_includes))
+
+
+class _Extractor:
+    def __init__(self, data: bytes, macros: dict[str, frozenset[str]]) -> None:
+        self.data = data
+        self.macros = macros
+        # (start, end, replacement) over the original bytes; non-overlapping.
+        self.edits: list[tuple[int, int, bytes]] = []
+        self.has_host_code = False
+        self.dropped_includes: list[str] = []
+        self._std_aliased = False
+        self._twins: list[tuple[int, int, str, str]] = []
+
+    def visit(self, node: tree_sitter.Node) -> None:
+        kind = node.type
+        if kind == "preproc_include":
+            self._include(node)
+        elif kind == "function_definition":
+            self._function(node, node)
+        elif kind == "template_declaration":
+            self._template(node)
+        elif kind == "declaration":
+            self._declaration(node, node)
+        elif kind in _CONTAINERS:
+            for child in node.named_children:
+                self.visit(child)
+        elif kind == "namespace_definition":
+            body = node.child_by_field_name("body")
+            for child in body.named_children if body is not None else ():
+                self.visit(child)
+        elif kind == "linkage_specification":
+            body = node.child_by_field_name("body")
+            if body is not None and body.type == "declaration_list":
+                for child in body.named_children:
+                    self.visit(child)
+            elif body is not None:
+                self.visit(body)
+        elif kind == "using_declaration":
+            words = node_text(self.data, node).replace(";", " ").replace("::", " ").split()
+            if len(words) >= 3 and words[1] == "namespace" and words[2] in _HOST_NAMESPACES:
+                self._drop(node)
+        # Everything else (macros, typedefs, structs, comments, ERROR nodes of half-typed code) stays:
+        # NVRTC's own diagnostics are the right answer for broken code.
+
+    def _drop(self, node: tree_sitter.Node, *, host: bool = True) -> None:
+        self.edits.append((node.start_byte, node.end_byte, b""))
+        self.has_host_code |= host
+
+    def _include(self, node: tree_sitter.Node) -> None:
+        path = node.child_by_field_name("path")
+        if path is None or path.type != "system_lib_string":
+            return  # "user.cuh": the caller's include path decides
+        header = node_text(self.data, path)[1:-1].strip()
+        if header in _DEVICE_HEADERS or header.startswith(_DEVICE_HEADER_PREFIXES):
+            return
+        end = node.end_byte
+        while end > node.start_byte and self.data[end - 1 : end] in (b"\n", b"\r"):
+            end -= 1
+        twin = _LIBCUXX_TWINS.get(header)
+        if twin is None:
+            self.dropped_includes.append(header)
+            self.edits.append((node.start_byte, end, b""))
+        else:
+            self._twins.append((node.start_byte, end, header, twin))
+
+    def finish(self, root: tree_sitter.Node) -> None:
+        """Resolve standard headers: a libcu++ twin only where the kept code uses what the header declares.
+
+        Files often include <cstdio> or <cmath> for their host code only; rewriting those would make the
+        compile depend on libcu++ being on NVRTC's include path for nothing.
+        """
+        if not self._twins:
+            return
+        used = _names_used(root, self.data, self.edits)
+        for start, end, header, twin in self._twins:
+            wanted = "std" in used or bool(_TWIN_NAMES.get(twin, frozenset()) & used) or any(
+                name.startswith(_TWIN_PREFIXES.get(twin, ("\0",))) for name in used)
+            if not wanted:
+                self.dropped_includes.append(header)
+                self.edits.append((start, end, b""))
+                continue
+            lines = [f"#include <cuda/std/{twin}>"]
+            if not self._std_aliased:
+                lines.append(_STD_ALIAS)
+                self._std_aliased = True
+            if twin == "cstdint":
+                lines.append(_GLOBAL_INT_TYPES)
+            self.edits.append((start, end, "\n".join(lines).encode()))
+
+    def _template(self, node: tree_sitter.Node) -> None:
+        inner = next((c for c in reversed(node.named_children)
+                      if c.type in ("function_definition", "declaration", "template_declaration")), None)
+        if inner is None:
+            return
+        if inner.type == "function_definition":
+            self._function(inner, node)
+        elif inner.type == "declaration":
+            self._declaration(inner, node)
+        else:
+            # template<...> template<...>: member templates defined out of class
+            nested = next((c for c in reversed(inner.named_children) if c.type == "function_definition"),
+                          None)
+            if nested is not None:
+                self._function(nested, node)
+
+    def _function(self, fn: tree_sitter.Node, top: tree_sitter.Node) -> None:
+        declarator = _function_declarator(fn.child_by_field_name("declarator"))
+        if declarator is None:
+            return
+        specifiers = [c for c in fn.children if c.end_byte <= declarator.start_byte]
+        if _kind_from_specifiers(specifiers, self.data, self.macros) != "host":
+            return
+        constexpr = any(node_text(self.data, c) == "constexpr" for c in specifiers
+                        if c.type in ("type_qualifier", "storage_class_specifier"))
+        if constexpr and b"<<<" not in self.data[fn.start_byte : fn.end_byte]:
+            self.edits.append((fn.start_byte, fn.start_byte, b"__host__ __device__ "))
+        else:
+            self._drop(top)
+
+    def _declaration(self, decl: tree_sitter.Node, top: tree_sitter.Node) -> None:
+        declarators = decl.children_by_field_name("declarator")
+        specifiers = [c for c in decl.children if c not in declarators and c.type != ";"]
+        if any(_function_declarator(d) is not None or d.type == "function_declarator" for d in declarators):
+            if _kind_from_specifiers(specifiers, self.data, self.macros) == "host":
+                self._drop(top)
+            return
+        words = {node_text(self.data, c) for c in specifiers
+                 if c.type in ("type_qualifier", "storage_class_specifier") or c.type.startswith("__")}
+        if words & _DEVICE_VARIABLE_QUALIFIERS:
+            return
+        if any(_kind_from_specifiers([c], self.data, self.macros) != "host" for c in specifiers
+               if c.type in ("type_identifier", "identifier")):
+            return  # a qualifier macro such as `#define DEV __device__`
+        type_node = decl.child_by_field_name("type")
+        if words & {"const", "constexpr"} and type_node is not None and type_node.type in _PLAIN_TYPES:
+            return
+        if type_node is not None and type_node.type in ("struct_specifier", "class_specifier",
+                                                        "enum_specifier", "union_specifier") \
+                and type_node.child_by_field_name("body") is not None:
+            return  # `struct S {...} s;`: the type is needed even if the variable is not
+        self._drop(top)
+
+
+def _names_used(root: tree_sitter.Node, data: bytes, edits: list[tuple[int, int, bytes]]) -> set[str]:
+    """Identifier names used by the code that survives ``edits``, expanding the macros it uses.
+
+    A macro body counts only when the macro is used: ``CUDA_CHECK`` bodies calling ``std::fprintf`` make
+    nothing needed unless device code calls ``CUDA_CHECK``.
+    """
+    dropped = sorted((start, end) for start, end, replacement in edits if end > start and not replacement)
+    starts = [start for start, _ in dropped]
+
+    def kept(node: tree_sitter.Node) -> bool:
+        i = bisect.bisect_right(starts, node.start_byte) - 1
+        return i < 0 or node.start_byte >= dropped[i][1]
+
+    macros: dict[str, set[str]] = {}
+    for _, captures in tree_sitter.QueryCursor(_MACRO_QUERY).matches(root):
+        names, bodies = captures.get("name", []), captures.get("body", [])
+        if names and kept(names[0]):
+            words = macros.setdefault(node_text(data, names[0]), set())
+            if bodies:
+                words.update(_WORD.findall(node_text(data, bodies[0])))
+    used: set[str] = set()
+    for node in tree_sitter.QueryCursor(_NAME_QUERY).captures(root).get("name", []):
+        parent = node.parent
+        if parent is not None and parent.type in ("preproc_def", "preproc_function_def", "preproc_params",
+                                                  "preproc_ifdef", "preproc_defined"):
+            continue
+        if kept(node):
+            used.add(node_text(data, node))
+    pending = [name for name in used if name in macros]
+    while pending:
+        for word in macros.pop(pending.pop(), ()):
+            if word not in used:
+                used.add(word)
+                if word in macros:
+                    pending.append(word)
+    return used
+
+
+def _apply(data: bytes, edits: list[tuple[int, int, bytes]]) -> tuple[str, list[int]]:
+    """Apply ``edits`` and split the result into lines, each tagged with the original line it comes from.
+
+    A line that loses all its non-blank text to an edit disappears; untouched blank lines stay.
+    """
+    index = PositionIndex(data)
+    lines: list[bytearray] = [bytearray()]
+    origins: list[int] = [0]
+    touched: list[bool] = [False]
+
+    def add_original(start: int, end: int) -> None:
+        cursor = start
+        for match in _LINE_BREAK.finditer(data, start, end):
+            lines[-1] += data[cursor : match.start()]
+            lines.append(bytearray())
+            origins.append(index.line_of_byte(match.end()))
+            touched.append(False)
+            cursor = match.end()
+        lines[-1] += data[cursor:end]
+
+    cursor = 0
+    for start, end, replacement in edits:
+        if start < cursor:
+            continue  # overlaps an earlier edit (nested items): the outer edit wins
+        add_original(cursor, start)
+        touched[-1] = True
+        if replacement:
+            origin = index.line_of_byte(start)
+            first, *rest = replacement.split(b"\n")
+            lines[-1] += first
+            for extra in rest:
+                lines.append(bytearray(extra))
+                origins.append(origin)
+                touched.append(True)
+        # Line breaks inside dropped code end lines that are dropped unless kept text shares them.
+        for match in _LINE_BREAK.finditer(data, start, end):
+            lines.append(bytearray())
+            origins.append(index.line_of_byte(match.end()))
+            touched.append(True)
+        cursor = max(cursor, end)
+    add_original(cursor, len(data))
+
+    out_lines: list[str] = []
+    line_map: list[int] = []
+    for content, origin, was_touched in zip(lines, origins, touched, strict=True):
+        if was_touched and not content.strip():
+            continue
+        text = decode_bytes(bytes(content))
+        out_lines.append(text.rstrip() if was_touched else text)
+        line_map.append(origin)
+    while out_lines and not out_lines[-1].strip():
+        out_lines.pop()
+        line_map.pop()
+    return "\n".join(out_lines) + ("\n" if out_lines else ""), line_map

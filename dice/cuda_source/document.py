@@ -1,0 +1,356 @@
+"""Masks, functions and the ``dice-spec`` block of a CUDA source file, found with tree-sitter-cuda.
+
+A mask is a comment whose whole text is ``<MASK>`` or ``<MASK:N>`` (``/* */`` or ``//``, any surrounding
+whitespace); comments are tokens of the grammar, so text inside string literals is never a mask. The
+enclosing function comes from the syntax tree; while the user types (unbalanced braces, ERROR nodes) a
+function is recovered from the pieces tree-sitter left inside the ERROR node, and when even that fails the
+mask is still reported, with ``function=None``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import tree_sitter
+
+from dice.cuda_source._parser import ERROR_QUERY, MACRO_QUERY, function_nodes, node_text, parse_bytes
+from dice.cuda_source.positions import PositionIndex, Range, encode_text
+
+FunctionKind = Literal["global", "device", "host"]
+
+# The regexes only ever see the text of one comment node; the C++ itself is parsed by tree-sitter.
+_MASK_COMMENT = re.compile(r"(?:/\*\s*<MASK(?::\s*(\d+)\s*)?>\s*\*/|//\s*<MASK(?::\s*(\d+)\s*)?>\s*)")
+_SPEC_HEADER = re.compile(r"\s*dice-spec\b:?")
+
+_EXECUTION_SPACES = {"__global__", "__device__", "__host__"}
+# Words that may make up a qualifier macro such as ``#define HD __host__ __device__ __forceinline__``.
+_QUALIFIER_WORDS = _EXECUTION_SPACES | {
+    "__forceinline__", "__noinline__", "__inline__", "inline", "static", "extern", "constexpr",
+}
+# Node types that may precede a function declarator in a (possibly broken) declaration.
+_DECL_SPECIFIER_TYPES = _EXECUTION_SPACES | {
+    "__forceinline__", "__noinline__", "primitive_type", "type_identifier", "sized_type_specifier",
+    "type_qualifier", "storage_class_specifier", "launch_bounds", "template_type", "qualified_identifier",
+    "virtual", "attribute_specifier", "attribute_declaration", "placeholder_type_specifier", "identifier",
+    "struct_specifier", "class_specifier", "enum_specifier", "explicit_function_specifier",
+}
+_DECLARATOR_WRAPPERS = {"pointer_declarator", "reference_declarator", "attributed_declarator",
+                        "parenthesized_declarator"}
+
+
+@dataclass(frozen=True)
+class FunctionInfo:
+    """A function definition. ``start_byte`` includes a ``template<...>`` header; ``recovered`` marks a
+    function rebuilt from an ERROR node (e.g. its closing brace is not typed yet: it ends at the ERROR's end).
+    """
+
+    name: str
+    kind: FunctionKind
+    signature: str
+    start_byte: int
+    end_byte: int
+    body_start_byte: int
+    body_end_byte: int
+    recovered: bool = False
+
+    def contains(self, byte_offset: int) -> bool:
+        return self.start_byte <= byte_offset < self.end_byte
+
+
+@dataclass(frozen=True)
+class Mask:
+    """One ``<MASK>`` comment. ``start_byte``/``end_byte`` are the comment's bytes (a ``//`` mask's range
+    stops before the line break, CR included); ``range`` is the same span in LSP form."""
+
+    index: int
+    start_byte: int
+    end_byte: int
+    range: Range
+    budget: int | None
+    function: str | None
+    kind: FunctionKind | None
+    signature: str | None
+    function_start_byte: int | None
+    function_end_byte: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The object ``dice masks --json`` prints for this mask (DESIGN.md section 3)."""
+        return {"range": self.range.to_json(), "budget": self.budget, "function": self.function,
+                "kind": self.kind}
+
+
+@dataclass(frozen=True)
+class DiceSpec:
+    """The Python source of the file's ``dice-spec`` block comment, dedented, newlines normalised to ``\\n``.
+
+    ``line_offset`` is the 0-based file line of the source's first line, so a Python error on line ``k``
+    (1-based) of the spec is on file line ``line_offset + k - 1``.
+    """
+
+    source: str
+    start_byte: int
+    end_byte: int
+    range: Range
+    line_offset: int = 0
+
+
+@dataclass(frozen=True)
+class CudaDocument:
+    text: str
+    masks: list[Mask]
+    spec: DiceSpec | None
+    functions: list[FunctionInfo]
+    has_errors: bool = False
+    index: PositionIndex = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+
+    @property
+    def data(self) -> bytes:
+        """The UTF-8 bytes every byte offset of this document refers to."""
+        return self.index.data
+
+
+def parse_document(text: str | bytes) -> CudaDocument:
+    """Parse CUDA source. Never raises on junk: bytes that are not UTF-8 are decoded with U+FFFD."""
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        text = bytes(text).decode("utf-8", "replace")
+    data = encode_text(text)
+    index = PositionIndex(data)
+    tree = parse_bytes(data)
+    root = tree.root_node
+    qualifier_macros = _qualifier_macros(root, data)
+    functions = [info for node in function_nodes(root) if (info := _function_info(node, data,
+                                                                                     qualifier_macros))]
+    if root.has_error:
+        functions = _merge_functions(functions, _recover_functions(root, data, qualifier_macros))
+    masks: list[Mask] = []
+    for node in _comments_containing(root, data, b"<MASK"):
+        mask = _mask_from_comment(node, data, len(masks), index, functions)
+        if mask is not None:
+            masks.append(mask)
+    spec = None
+    for node in _comments_containing(root, data, b"dice-spec"):
+        spec = _spec_from_comment(node, data, index)
+        if spec is not None:
+            break
+    return CudaDocument(text=text, masks=masks, spec=spec, functions=functions, has_errors=root.has_error,
+                        index=index)
+
+
+def function_at(doc: CudaDocument, byte_offset: int) -> FunctionInfo | None:
+    """The innermost function whose span ``[start_byte, end_byte)`` contains ``byte_offset``."""
+    return _innermost(doc.functions, byte_offset)
+
+
+def _innermost(functions: list[FunctionInfo], byte_offset: int) -> FunctionInfo | None:
+    i = bisect.bisect_right(functions, byte_offset, key=lambda f: f.start_byte) - 1
+    # Functions are sorted by start; among those containing the offset the innermost starts last.
+    while i >= 0:
+        if functions[i].contains(byte_offset):
+            return functions[i]
+        i -= 1
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- masks
+
+
+def _comments_containing(root: tree_sitter.Node, data: bytes, needle: bytes) -> list[tree_sitter.Node]:
+    """Comment nodes whose text contains ``needle``, in file order, each once.
+
+    Searching the bytes first and asking the tree which token covers each hit keeps a 5 MB file with a
+    few masks cheap; the tree decides whether the hit is in a comment, a string or code.
+    """
+    found: list[tree_sitter.Node] = []
+    seen: set[int] = set()
+    start = data.find(needle)
+    while start != -1:
+        node = root.descendant_for_byte_range(start, start + len(needle))
+        if node is not None and node.type == "comment" and node.start_byte not in seen:
+            seen.add(node.start_byte)
+            found.append(node)
+        start = data.find(needle, start + len(needle))
+    return found
+
+
+def _mask_from_comment(node: tree_sitter.Node, data: bytes, index: int, positions: PositionIndex,
+                       functions: list[FunctionInfo]) -> Mask | None:
+    start, end = node.start_byte, node.end_byte
+    raw = data[start:end]
+    if raw.startswith(b"//"):
+        # tree-sitter's line comment swallows the CR of a CRLF; the mask must not, or a fill would eat it.
+        while end > start and data[end - 1 : end] in (b"\r", b"\n"):
+            end -= 1
+    match = _MASK_COMMENT.fullmatch(data[start:end].decode("utf-8", "replace"))
+    if match is None:
+        return None
+    digits = match.group(1) or match.group(2)
+    budget = int(digits) if digits is not None else None
+    if budget is not None and budget <= 0:
+        return None
+    func = _innermost(functions, start)
+    return Mask(
+        index=index, start_byte=start, end_byte=end, range=positions.range_of(start, end), budget=budget,
+        function=func.name if func else None, kind=func.kind if func else None,
+        signature=func.signature if func else None,
+        function_start_byte=func.start_byte if func else None,
+        function_end_byte=func.end_byte if func else None,
+    )
+
+
+# ------------------------------------------------------------------------------------------- dice-spec
+
+
+def _spec_from_comment(node: tree_sitter.Node, data: bytes, positions: PositionIndex) -> DiceSpec | None:
+    text = node_text(data, node)
+    if not text.startswith("/*"):
+        return None
+    inner = text[2:-2] if text.endswith("*/") and len(text) >= 4 else text[2:]
+    header = _SPEC_HEADER.match(inner)
+    if header is None:
+        return None
+    inner = inner[header.end() :].replace("\r\n", "\n").replace("\r", "\n")
+    first_line, _, rest = inner.partition("\n")
+    start_line = positions.line_of_byte(node.start_byte)
+    if first_line.strip():
+        source = first_line.strip() + "\n" + textwrap.dedent(rest)
+        line_offset = start_line
+    else:
+        source = textwrap.dedent(rest)
+        line_offset = start_line + 1
+    source = source.rstrip() + "\n" if source.strip() else ""
+    return DiceSpec(source=source, start_byte=node.start_byte, end_byte=node.end_byte,
+                    range=positions.range_of(node.start_byte, node.end_byte), line_offset=line_offset)
+
+
+# ------------------------------------------------------------------------------------------- functions
+
+
+def _qualifier_macros(root: tree_sitter.Node, data: bytes) -> dict[str, frozenset[str]]:
+    """Object-like macros that expand only to qualifiers, e.g. ``#define HD __host__ __device__``."""
+    macros: dict[str, frozenset[str]] = {}
+    if b"#define" not in data:
+        return macros
+    for _, captures in tree_sitter.QueryCursor(MACRO_QUERY).matches(root):
+        names, values = captures.get("name", []), captures.get("value", [])
+        if not names or not values:
+            continue
+        words = node_text(data, values[0]).split()
+        if (words and all(w in _QUALIFIER_WORDS or w.startswith("__launch_bounds__") for w in words)
+                and _EXECUTION_SPACES.intersection(words)):
+            macros[node_text(data, names[0])] = frozenset(words)
+    return macros
+
+
+def _kind_from_specifiers(specifiers: list[tree_sitter.Node], data: bytes,
+                          macros: dict[str, frozenset[str]]) -> FunctionKind:
+    spaces: set[str] = set()
+    for node in specifiers:
+        if node.type in _EXECUTION_SPACES:
+            spaces.add(node.type)
+        elif node.type in ("type_identifier", "identifier") and node.end_byte - node.start_byte < 64:
+            spaces |= macros.get(node_text(data, node), frozenset()) & _EXECUTION_SPACES
+    if "__global__" in spaces:
+        return "global"
+    # __host__ __device__ functions are device code too (they compile for, and run on, the GPU).
+    if "__device__" in spaces:
+        return "device"
+    return "host"
+
+
+def _function_declarator(node: tree_sitter.Node | None) -> tree_sitter.Node | None:
+    """Follow ``declarator`` fields (through pointer/reference wrappers) to the function_declarator."""
+    depth = 0
+    while node is not None and depth < 32:
+        if node.type == "function_declarator":
+            return node
+        if node.type not in _DECLARATOR_WRAPPERS and node.type != "function_definition":
+            return None
+        nxt = node.child_by_field_name("declarator")
+        if nxt is None:
+            nxt = next((c for c in node.named_children if c.type in _DECLARATOR_WRAPPERS
+                        or c.type == "function_declarator"), None)
+        node = nxt
+        depth += 1
+    return None
+
+
+def _signature(data: bytes, start: int, end: int) -> str:
+    return " ".join(data[start:end].decode("utf-8", "replace").split())
+
+
+def _function_info(node: tree_sitter.Node, data: bytes,
+                   macros: dict[str, frozenset[str]]) -> FunctionInfo | None:
+    declarator = _function_declarator(node.child_by_field_name("declarator"))
+    if declarator is None:
+        return None
+    name_node = declarator.child_by_field_name("declarator")
+    name = node_text(data, name_node) if name_node is not None else node_text(data, declarator)
+    top = node
+    while top.parent is not None and top.parent.type == "template_declaration":
+        top = top.parent
+    specifiers = [c for c in node.children if c.end_byte <= declarator.start_byte]
+    body = node.child_by_field_name("body")
+    body_start = body.start_byte if body is not None else node.end_byte
+    body_end = body.end_byte if body is not None else node.end_byte
+    return FunctionInfo(
+        name=name, kind=_kind_from_specifiers(specifiers, data, macros),
+        signature=_signature(data, top.start_byte, body_start if body is not None else node.end_byte),
+        start_byte=top.start_byte, end_byte=node.end_byte, body_start_byte=body_start, body_end_byte=body_end,
+    )
+
+
+def _recover_functions(root: tree_sitter.Node, data: bytes,
+                       macros: dict[str, frozenset[str]]) -> list[FunctionInfo]:
+    """Functions whose definition tree-sitter could not close, read from the children of ERROR nodes.
+
+    While a body is being typed, tree-sitter often leaves ``__global__ void k(...) { ...`` as an ERROR node
+    whose children are the specifiers, a function_declarator, a ``{`` token and the statements parsed so
+    far. The body runs from that ``{`` to its matching ``}`` among the siblings, or to the ERROR's end.
+    """
+    recovered: list[FunctionInfo] = []
+    for error in tree_sitter.QueryCursor(ERROR_QUERY).captures(root).get("error", []):
+        children = error.children
+        for i, child in enumerate(children):
+            if i + 1 >= len(children) or children[i + 1].type != "{":
+                continue
+            declarator = child if child.type == "function_declarator" else (
+                _function_declarator(child) if child.type in _DECLARATOR_WRAPPERS else None)
+            if declarator is None:
+                continue
+            j = i
+            while j > 0 and children[j - 1].type in _DECL_SPECIFIER_TYPES:
+                j -= 1
+            specifiers = children[j:i]
+            if not specifiers:
+                continue  # a bare call such as `f(x) {` is not a definition
+            depth, end = 0, error.end_byte
+            for sibling in children[i + 1 :]:
+                if sibling.type == "{":
+                    depth += 1
+                elif sibling.type == "}":
+                    depth -= 1
+                    if depth == 0:
+                        end = sibling.end_byte
+                        break
+            name_node = declarator.child_by_field_name("declarator")
+            body_start = children[i + 1].start_byte
+            recovered.append(FunctionInfo(
+                name=node_text(data, name_node) if name_node is not None else node_text(data, declarator),
+                kind=_kind_from_specifiers(specifiers, data, macros),
+                signature=_signature(data, specifiers[0].start_byte, body_start),
+                start_byte=specifiers[0].start_byte, end_byte=end, body_start_byte=body_start,
+                body_end_byte=end, recovered=True,
+            ))
+    return recovered
+
+
+def _merge_functions(parsed: list[FunctionInfo], recovered: list[FunctionInfo]) -> list[FunctionInfo]:
+    """Add recovered functions that do not duplicate a parsed one; keep file order (outer before inner)."""
+    known = {(f.start_byte, f.name) for f in parsed}
+    merged = parsed + [f for f in recovered if (f.start_byte, f.name) not in known]
+    merged.sort(key=lambda f: (f.start_byte, -f.end_byte))
+    return merged
