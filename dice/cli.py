@@ -14,6 +14,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "dice.commands.masks",
     "dice.commands.complete",
     "dice.commands.generate",
+    "dice.commands.train",
 )
 
 
