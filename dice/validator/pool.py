@@ -1,0 +1,409 @@
+"""The validator pool: worker subprocesses that compile, check and time candidates, never in the caller.
+
+One pool spans the visible GPUs (worker ``i`` is pinned to GPU ``i % n`` through ``CUDA_VISIBLE_DEVICES``).
+Builds run in parallel in all workers; running and timing take the GPU's file lock, shared by every pool on
+the machine, so timings never overlap. Each task has per-phase deadlines (build, then run): when one passes,
+the worker's whole process group is killed and a fresh worker replaces it; a worker that crashes (segfault,
+illegal address) costs only its task. Workers run in their own temporary folder (cwd, HOME and TMPDIR).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import os
+import queue
+import select
+import shutil
+import signal
+import site
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dice.validator.guards import check_reference
+from dice.validator.paths import cache_dir, source_hash
+from dice.validator.verdict import Verdict, error_verdict
+
+STARTUP_TIMEOUT_S = 180.0
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def gpu_available() -> bool:
+    """Whether a CUDA GPU is usable here (``DICE_VALIDATOR_GPU=0`` forces compile-only validation)."""
+    if os.environ.get("DICE_VALIDATOR_GPU", "").strip() in ("0", "false", "no"):
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001 - a broken driver means no GPU
+        return False
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return int(torch.cuda.device_count())
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+class _WorkerGone(Exception):
+    pass
+
+
+class _Worker:
+    """One worker subprocess: JSON tasks on stdin, JSON events on a private pipe, output to a log file."""
+
+    def __init__(self, *, gpu_index: int | None, cache: Path, max_jobs: int) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="dice-worker-"))
+        (self.workdir / "tmp").mkdir()
+        self.log_path = self.workdir / "worker.log"
+        self.tasks_done = 0
+        env = dict(os.environ)
+        env.update(
+            {
+                "PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p),
+                # HOME moves to the temp dir; keep user-installed packages importable.
+                "PYTHONUSERBASE": site.getuserbase(),
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONUNBUFFERED": "1",
+                "HOME": str(self.workdir),
+                "TMPDIR": str(self.workdir / "tmp"),
+                "DICE_WORKER_CACHE": str(cache),
+                "DICE_WORKER_LOG": str(self.log_path),
+                "DICE_WORKER_GPU": "1" if gpu_index is not None else "0",
+                "CUPY_CACHE_DIR": str(cache / "cupy"),
+                "TORCH_EXTENSIONS_DIR": str(cache / "torch_ext"),
+                "MAX_JOBS": str(max_jobs),
+            }
+        )
+        if gpu_index is not None:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            ids = [s for s in visible.split(",") if s.strip()] if visible else None
+            physical = ids[gpu_index] if ids and gpu_index < len(ids) else str(gpu_index)
+            env["CUDA_VISIBLE_DEVICES"] = physical
+            locks = cache / "locks"
+            locks.mkdir(parents=True, exist_ok=True)
+            env["DICE_GPU_LOCK"] = str(locks / f"gpu{physical}.lock")
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        read_fd, write_fd = os.pipe()
+        self._log_file = self.log_path.open("ab")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dice.validator.worker", str(write_fd)],
+                stdin=subprocess.PIPE,
+                stdout=self._log_file,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                env=env,
+                pass_fds=(write_fd,),
+                start_new_session=True,
+            )
+        finally:
+            os.close(write_fd)
+        self._read_fd = read_fd
+        self._buffer = b""
+        self.info = self.recv(STARTUP_TIMEOUT_S)
+        if self.info is None or self.info.get("event") != "ready":
+            detail = (self.info or {}).get("message") or self.log_tail()
+            self.kill()
+            raise _WorkerGone(f"validator worker failed to start: {detail}")
+
+    def send(self, obj: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps(obj) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as exc:
+            raise _WorkerGone(str(exc)) from exc
+
+    def recv(self, timeout: float | None) -> dict[str, Any] | None:
+        """The next event, None on timeout; raises ``_WorkerGone`` when the worker exited."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
+            ready, _, _ = select.select([self._read_fd], [], [], remaining)
+            if not ready:
+                return None
+            chunk = os.read(self._read_fd, 65536)
+            if not chunk:
+                raise _WorkerGone("worker exited")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def log_tail(self, limit: int = 4000) -> str:
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return ""
+        return data[-limit:].decode("utf-8", "replace")
+
+    def exit_description(self) -> str:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "worker stopped answering"
+        if code < 0:
+            try:
+                return f"worker killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"worker killed by signal {-code}"
+        return f"worker exited with code {code}"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        for closer in (
+            lambda: os.close(self._read_fd),
+            self._log_file.close,
+            lambda: self.proc.stdin.close() if self.proc.stdin else None,
+        ):
+            with contextlib.suppress(OSError):
+                closer()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def close(self) -> None:
+        """Graceful stop: EOF on stdin ends the loop; kill if it lingers."""
+        if self.proc.poll() is None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+
+@dataclass
+class _Task:
+    payload: dict[str, Any]
+    future: concurrent.futures.Future[Verdict]
+    cache_key: str | None
+
+
+class ValidatorPool:
+    """Validate candidates in isolated worker processes. Use as a context manager or call :meth:`close`.
+
+    ``workers``: parallel slots (default: up to 8 with a GPU, since builds are CPU-bound and runs are
+    serialised per GPU; up to 4 without). ``timeout_s`` bounds the run phase (a kernel that never ends),
+    ``build_timeout_s`` the compile phase (a cold ``load_inline`` build takes tens of seconds).
+    Identical requests are answered from an in-memory verdict cache.
+    """
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        *,
+        timeout_s: float = 60.0,
+        gpu: bool | None = None,
+        build_timeout_s: float = 900.0,
+        max_tasks_per_worker: int = 64,
+        cache_verdicts: bool = True,
+    ) -> None:
+        self.gpu = gpu_available() if gpu is None else bool(gpu) and gpu_available()
+        cpus = os.cpu_count() or 2
+        n_gpus = max(1, _gpu_count()) if self.gpu else 0
+        if workers is None:
+            workers = min(8, cpus) if self.gpu else max(1, min(4, cpus))
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        self.workers = workers
+        self.timeout_s = float(timeout_s)
+        self.build_timeout_s = float(build_timeout_s)
+        self.max_tasks_per_worker = max_tasks_per_worker
+        self.cache_dir = cache_dir()
+        self._max_jobs = max(2, cpus // workers)
+        self._gpu_indices = [i % n_gpus if self.gpu else None for i in range(workers)]
+        self._queue: queue.Queue[_Task | None] = queue.Queue()
+        self._verdicts: OrderedDict[str, Verdict] | None = OrderedDict() if cache_verdicts else None
+        self._cache_lock = threading.Lock()
+        self._closed = False
+        self._live: list[_Worker | None] = [None] * workers
+        self._threads = [
+            threading.Thread(target=self._slot_loop, args=(i,), name=f"dice-validator-{i}", daemon=True)
+            for i in range(workers)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # ------------------------------------------------------------------------------------------ public
+    def validate_cu(self, text: str, *, run: bool = True, filename: str = "kernel.cu") -> Verdict:
+        return self.submit_cu(text, run=run, filename=filename).result()
+
+    def validate_kernelbench(
+        self, ref_src: str, cand_src: str, *, strict: bool = False, timing: bool = True
+    ) -> Verdict:
+        return self.submit_kernelbench(ref_src, cand_src, strict=strict, timing=timing).result()
+
+    def submit_cu(
+        self, text: str, *, run: bool = True, filename: str = "kernel.cu"
+    ) -> concurrent.futures.Future[Verdict]:
+        """Compile a ``.cu`` file's device code; with a dice-spec, a GPU and ``run``, also run and time it."""
+        return self._submit({"kind": "cu", "text": text, "run": bool(run), "filename": Path(filename).name})
+
+    def submit_kernelbench(
+        self, ref_src: str, cand_src: str, *, strict: bool = False, timing: bool = True
+    ) -> concurrent.futures.Future[Verdict]:
+        """Validate a ``ModelNew`` candidate against a KernelBench reference.
+
+        Raises ``InvalidReference`` (a ``ValueError``) at once if the reference is not a KernelBench problem.
+        """
+        check_reference(ref_src)
+        return self._submit(
+            {
+                "kind": "kernelbench",
+                "ref_src": ref_src,
+                "cand_src": cand_src,
+                "strict": bool(strict),
+                "timing": bool(timing),
+            }
+        )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for _ in self._threads:
+            self._queue.put(None)
+        for thread in self._threads:
+            thread.join(timeout=30)
+        for i, worker in enumerate(self._live):
+            if worker is not None:
+                worker.close()
+                self._live[i] = None
+
+    def __enter__(self) -> ValidatorPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self.close()
+
+    # ------------------------------------------------------------------------------------------ internals
+    def _submit(
+        self, payload: dict[str, Any], *, use_cache: bool = True
+    ) -> concurrent.futures.Future[Verdict]:
+        if self._closed:
+            raise RuntimeError("the validator pool is closed")
+        future: concurrent.futures.Future[Verdict] = concurrent.futures.Future()
+        key = None
+        if self._verdicts is not None and use_cache:
+            key = source_hash(json.dumps(payload, sort_keys=True), str(self.gpu), length=32)
+            with self._cache_lock:
+                hit = self._verdicts.get(key)
+                if hit is not None:
+                    self._verdicts.move_to_end(key)
+            if hit is not None:
+                future.set_result(Verdict.from_json(hit.to_json()))
+                return future
+        self._queue.put(_Task(payload, future, key))
+        return future
+
+    def _slot_loop(self, slot: int) -> None:
+        while True:
+            task = self._queue.get()
+            if task is None:
+                return
+            if not task.future.set_running_or_notify_cancel():
+                continue
+            try:
+                verdict = self._run(slot, task.payload)
+            except Exception as exc:  # noqa: BLE001 - never leave a future unresolved
+                verdict = error_verdict(
+                    "runtime_error", f"validator internal error: {exc}", traceback.format_exc()
+                )
+            if (
+                task.cache_key is not None
+                and self._verdicts is not None
+                and verdict.status not in ("timeout", "runtime_error")
+            ):
+                with self._cache_lock:
+                    self._verdicts[task.cache_key] = verdict
+                    while len(self._verdicts) > 1024:
+                        self._verdicts.popitem(last=False)
+            task.future.set_result(verdict)
+
+    def _worker(self, slot: int) -> _Worker:
+        worker = self._live[slot]
+        if worker is not None and worker.proc.poll() is None:
+            return worker
+        if worker is not None:
+            worker.kill()
+        worker = _Worker(gpu_index=self._gpu_indices[slot], cache=self.cache_dir, max_jobs=self._max_jobs)
+        self._live[slot] = worker
+        return worker
+
+    def _retire(self, slot: int) -> None:
+        worker = self._live[slot]
+        if worker is not None:
+            worker.kill()
+            self._live[slot] = None
+
+    def _run(self, slot: int, payload: dict[str, Any]) -> Verdict:
+        try:
+            worker = self._worker(slot)
+        except _WorkerGone as exc:
+            return error_verdict("runtime_error", str(exc))
+        task_id = worker.tasks_done + 1
+        phase = "build"
+        limits = {"build": self.build_timeout_s, "wait_gpu": None, "run": self.timeout_s}
+        started = time.monotonic()
+        try:
+            worker.send({**payload, "id": task_id})
+            while True:
+                limit = limits.get(phase, self.timeout_s)
+                remaining = None if limit is None else max(0.0, limit - (time.monotonic() - started))
+                event = worker.recv(remaining)
+                if event is None:
+                    self._retire(slot)
+                    return Verdict(
+                        "timeout",
+                        phase == "run",
+                        None,
+                        message=f"timed out: the {phase} phase exceeded {limit:.0f} s; the worker was killed "
+                        "and replaced",
+                    )
+                if event.get("event") == "phase":
+                    phase = str(event.get("phase"))
+                    started = time.monotonic()
+                elif event.get("event") == "result":
+                    worker.tasks_done += 1
+                    verdict = Verdict.from_json(event["verdict"])
+                    if event.get("restart") or worker.tasks_done >= self.max_tasks_per_worker:
+                        self._retire(slot)
+                    return verdict
+        except _WorkerGone:
+            description = worker.exit_description()
+            tail = worker.log_tail()
+            self._retire(slot)
+            return Verdict(
+                "runtime_error",
+                phase == "run",
+                None,
+                message=f"{description} during the {phase} phase (the worker was replaced)",
+                log=tail,
+            )

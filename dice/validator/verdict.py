@@ -1,0 +1,113 @@
+"""The validation verdict: one JSON object (DESIGN.md section 3), the same for the CLI, the LSP and RL."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+Status = Literal["correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "compiled"]
+STATUSES: tuple[str, ...] = (
+    "correct",
+    "incorrect",
+    "compile_error",
+    "runtime_error",
+    "timeout",
+    "rejected",
+    "compiled",
+)
+
+# Flags name things a reviewer should look at; they never change the status on their own.
+FLAG_SPEEDUP_OVER_10X = "speedup_over_10x"
+FLAG_CUSTOM_KERNELS_MINOR = "custom_kernels_minor"
+FLAG_LAUNCH_NOT_VERIFIED = "kernel_launch_not_verified"
+FLAG_NOT_RUN = "not_run"
+FLAG_CACHED = "cached_verdict"
+
+MAX_LOG_CHARS = 20_000
+
+
+@dataclass
+class Verdict:
+    """Outcome of validating one candidate.
+
+    ``diagnostics`` holds compiler messages already mapped to the validated file's own lines
+    (0-based ``line``), so editors can show them without knowing how the device code was extracted.
+    """
+
+    status: Status
+    compiled: bool
+    correct: bool | None = None
+    speedup: float | None = None
+    ref_ms: float | None = None
+    new_ms: float | None = None
+    max_abs_err: float | None = None
+    message: str = ""
+    log: str = ""
+    flags: list[str] = field(default_factory=list)
+    diagnostics: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown verdict status {self.status!r}; expected one of {', '.join(STATUSES)}")
+        if len(self.log) > MAX_LOG_CHARS:
+            # Keep the head (first errors) and the tail (the final exception), drop the middle.
+            half = MAX_LOG_CHARS // 2
+            self.log = self.log[:half] + "\n... [log truncated] ...\n" + self.log[-half:]
+
+    @property
+    def ok(self) -> bool:
+        """Compiled and, when it was run, correct (``compiled`` verdicts were not run)."""
+        return self.status in ("correct", "compiled")
+
+    def to_json(self) -> dict[str, Any]:
+        """The DESIGN.md verdict object plus ``flags`` and ``diagnostics``."""
+        return {
+            "status": self.status,
+            "compiled": self.compiled,
+            "correct": self.correct,
+            "speedup": self.speedup,
+            "ref_ms": self.ref_ms,
+            "new_ms": self.new_ms,
+            "max_abs_err": self.max_abs_err,
+            "message": self.message,
+            "log": self.log,
+            "flags": list(self.flags),
+            "diagnostics": [dict(d) for d in self.diagnostics],
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Verdict:
+        names = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in obj.items() if k in names}
+        for key in ("speedup", "ref_ms", "new_ms", "max_abs_err"):
+            if kwargs.get(key) is not None:
+                kwargs[key] = float(kwargs[key])
+        return cls(**kwargs)
+
+    def summary(self) -> str:
+        """One human line, e.g. ``compiled ✓ · correct ✓ · 2.3× vs PyTorch``."""
+        if self.status == "correct":
+            parts = ["compiled ✓", "correct ✓"]
+            if self.speedup is not None:
+                parts.append(f"{self.speedup:.2f}× vs PyTorch")
+            text = " · ".join(parts)
+        elif self.status == "incorrect":
+            err = f" (max abs err {self.max_abs_err:.3g})" if self.max_abs_err is not None else ""
+            text = f"compiled ✓ · correct ✗{err}"
+        elif self.status == "compiled":
+            text = "compiled ✓ · not run"
+        elif self.status == "compile_error":
+            text = "compiled ✗"
+        elif self.status == "runtime_error":
+            text = "compiled ✓ · runtime error"
+        elif self.status == "timeout":
+            text = "timed out"
+        else:
+            text = "rejected"
+        if self.flags:
+            text += " · flags: " + ", ".join(self.flags)
+        return text
+
+
+def error_verdict(status: Status, message: str, log: str = "", *, compiled: bool = False) -> Verdict:
+    return Verdict(status=status, compiled=compiled, correct=None, message=message, log=log)
