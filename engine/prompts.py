@@ -1,0 +1,104 @@
+"""DICE prompt templates, rendered to ChatML strings (the engine itself only sees token ids).
+
+The texts are data files in ``engine/templates/`` reproduced from deadlykitten4/DICE (see its SOURCE.md); a
+checkpoint answers best to the exact template it was trained on, so they are kept byte for byte, including
+their odd whitespace. ``{{name}}`` marks a slot; slots are filled in one pass so user text is never
+re-interpreted as a slot.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+
+_SLOT = re.compile(r"\{\{(\w+)\}\}")
+RESPONSE_CODE_FENCE = "```python\n"
+
+
+@cache
+def load_template(name: str) -> str:
+    """The raw text of ``engine/templates/<name>``."""
+    return resources.files("engine").joinpath("templates", name).read_text(encoding="utf-8")
+
+
+def render(template: str, **values: str) -> str:
+    """Fill every ``{{slot}}`` of ``template``; a missing value is an error, never an empty string."""
+
+    def fill(match: re.Match[str]) -> str:
+        key = match.group(1)
+        if key not in values:
+            raise KeyError(f"template slot {{{{{key}}}}} has no value")
+        return values[key]
+
+    return _SLOT.sub(fill, template)
+
+
+def chat(user: str) -> str:
+    """One user turn plus the generation prompt, as the SDAR/Qwen3 chat template renders it."""
+    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def kernelbench_prompt(ref_src: str, *, variant: str = "eval") -> str:
+    """The KernelBench one-shot prompt (elementwise-add example) for a PyTorch reference ``Model``.
+
+    variant "eval": DICE's evaluation (``prompt_generate_custom_cuda_from_prompt_template`` through the chat
+    template), which gives its published numbers. "rl": the string its end-to-end RL rollouts feed the model
+    (ChatML written into the text, slightly different whitespace).
+    """
+    examples = {
+        "example_arch_src": load_template("model_ex_add.py.txt"),
+        "example_new_arch_src": load_template("model_new_ex_add.py.txt"),
+        "ref_arch_src": ref_src,
+    }
+    if variant == "eval":
+        return chat(render(load_template("kernelbench_eval.txt"), **examples))
+    if variant == "rl":
+        return render(load_template("kernelbench_rl.txt"), **examples)
+    raise ValueError(f"unknown kernelbench prompt variant {variant!r} (use 'eval' or 'rl')")
+
+
+def infill_prompt(prefix: str, suffix: str, context: str | None = None) -> tuple[str, str]:
+    """DICE's kernel-infilling prompt (BiC-RL phase 1) and the response prefix to pre-fill.
+
+    ``context`` is the PyTorch reference shown as "the following architecture" (empty when None). The model
+    answers with the whole program in a python code block, so the response is pre-filled with the fence and
+    the prefix; the caller generates the middle and stops where the suffix starts.
+    """
+    prompt = render(
+        load_template("kernel_infilling_rl.txt"),
+        pytorch_code=context if context is not None else "",
+        prefix=prefix,
+        suffix=suffix,
+    )
+    return prompt, RESPONSE_CODE_FENCE + prefix
+
+
+def suffix_head(suffix: str) -> str:
+    """The first non-blank line of ``suffix`` (stripped): seeing it in the output ends the middle."""
+    for line in suffix.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def extract_middle(generated: str, suffix: str) -> tuple[str, bool]:
+    """The middle of an infilling answer: text before the suffix's first line (or the code fence's end).
+
+    Returns (middle, found) where ``found`` says the suffix start (or the fence end) was seen.
+    """
+    head = suffix_head(suffix)
+    cut = generated.find(head) if head else -1
+    if cut >= 0:
+        line_start = generated.rfind("\n", 0, cut) + 1
+        # Indentation before the suffix's first line belongs to the suffix, not the middle.
+        cut = line_start if not generated[line_start:cut].strip() else cut
+        middle = generated[:cut]
+        leading = suffix[: len(suffix) - len(suffix.lstrip("\n"))]
+        if leading and middle.endswith(leading):
+            middle = middle[: len(middle) - len(leading)]
+        return middle, True
+    fence = generated.find("```")
+    if fence >= 0:
+        return generated[:fence], True
+    return generated, False
