@@ -8,8 +8,7 @@ import { offerRecovery, registerClientCommands, ServerCommandFallbacks, CommandD
 import { warrantsServer } from './documents';
 import { createMiddleware, EditorContext } from './middleware';
 import { CONFIG_SECTION, DiceServerSettings } from './protocol';
-import { runWithProgress } from './serverCommands';
-import { describeResult } from './serverCommands';
+import { describeResult, runWithProgress } from './serverCommands';
 import { ServerManager } from './server';
 import { PathVariables, resolveServerLaunch, resolveServerSettings, RESTART_SECTIONS } from './settings';
 import { StatusBar } from './status';
@@ -79,15 +78,12 @@ export function activateDice(context: Pick<ExtensionContext, 'subscriptions'>, c
                 void offerRecovery(commandDeps, `DICE: ${outcome.message}`);
                 return undefined;
             }
-            if (outcome.kind === 'done') {
-                const summary = describeResult(outcome.result);
-                if (summary) {
-                    log.info(`${command}: ${summary}`);
-                    void api.showInfo(`DICE: ${summary}`);
-                }
-                return outcome.result;
+            if (outcome.kind === 'cancelled') {
+                log.info(`${command}: cancelled`);
+                return undefined;
             }
-            return undefined;
+            log.info(`${command}: ${describeResult(outcome.result) ?? 'done'}`);
+            return outcome.result;
         },
     });
 

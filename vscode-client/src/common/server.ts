@@ -185,6 +185,9 @@ export class ServerManager {
     }
 
     private setPhase(phase: ClientPhase): void {
+        if (phase === this.phase) {
+            return;
+        }
         this.phase = phase;
         this.deps.onPhase(phase);
     }

@@ -71,19 +71,34 @@ export async function runWithProgress(
     });
 }
 
-/** A one-line summary of a command's result for a notification, when the server sent one. */
+/**
+ * A one-line summary of a command's result for the log. The server shows its own messages (results,
+ * warnings, errors) through window/showMessage, so the client does not pop up a second one.
+ * Result shapes (lsp_server/commands.py): {ok, message} on failure; {ok, applied, filled, skipped} for
+ * fills; {ok, uri, path, verdict, label} for generation; {ok, verdict, label} for validation.
+ */
 export function describeResult(result: unknown): string | undefined {
-    if (typeof result === 'string') {
-        return result.length > 0 ? result : undefined;
-    }
     if (typeof result !== 'object' || result === null) {
-        return undefined;
+        return typeof result === 'string' && result.length > 0 ? result : undefined;
     }
     const r = result as Record<string, unknown>;
-    for (const key of ['message', 'summary', 'label']) {
-        if (typeof r[key] === 'string' && (r[key] as string).length > 0) {
-            return r[key] as string;
+    const parts: string[] = [];
+    if (r.ok === false) {
+        parts.push('failed');
+    }
+    if (Array.isArray(r.filled)) {
+        parts.push(`filled ${r.filled.length} mask(s)${r.applied === false ? ' (not applied)' : ''}`);
+    }
+    if (Array.isArray(r.skipped) && r.skipped.length > 0) {
+        parts.push(`skipped ${r.skipped.length}`);
+    }
+    if (typeof r.path === 'string') {
+        parts.push(`wrote ${r.path}`);
+    }
+    for (const key of ['label', 'message']) {
+        if (typeof r[key] === 'string' && r[key].length > 0) {
+            parts.push(r[key]);
         }
     }
-    return undefined;
+    return parts.length > 0 ? parts.join(', ') : undefined;
 }

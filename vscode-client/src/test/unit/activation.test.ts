@@ -1,0 +1,200 @@
+import * as assert from 'assert/strict';
+import * as fs from 'fs';
+import * as path from 'path';
+import { activateDice, DiceExtension } from '../../common/activation';
+import { ConfigurationTarget, makeDocument, stub } from '../stub/vscode';
+import { FakeWorld, settle } from './fakes';
+
+const packageJson = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', '..', 'package.json'), 'utf8'));
+const contributed: string[] = packageJson.contributes.commands.map((c: { command: string }) => c.command);
+
+const CU = makeDocument('/k/softmax.cu', 'cuda-cpp', '__global__ void f(float* x) {\n    /* <MASK> */\n}\n');
+const REFERENCE = makeDocument(
+    '/refs/19_ReLU.py',
+    'python',
+    'import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n\ndef get_inputs():\n    return [torch.randn(16)]\n',
+);
+const PLAIN_PY = makeDocument('/src/app.py', 'python', 'print("hello")\n');
+
+describe('activation: command wiring and life cycle', () => {
+    let world: FakeWorld;
+    let ext: DiceExtension | undefined;
+    let subscriptions: { dispose(): unknown }[];
+
+    const activate = (): DiceExtension => {
+        subscriptions = [];
+        ext = activateDice({ subscriptions } as never, world.factory);
+        return ext;
+    };
+    const log = () => stub.channels[0];
+    const item = () => stub.statusItems[0];
+
+    beforeEach(() => {
+        stub.reset();
+        world = new FakeWorld();
+    });
+    afterEach(async () => {
+        await ext?.dispose();
+        subscriptions.forEach((d) => d.dispose());
+        ext = undefined;
+    });
+
+    it('answers every contributed command before any server runs, and starts none for plain Python', async () => {
+        stub.textDocuments = [PLAIN_PY];
+        activate();
+        await settle();
+        assert.deepEqual([...stub.commands.keys()].sort(), [...contributed].sort());
+        assert.equal(world.handles.length, 0);
+        assert.equal(item().text, '$(circle-outline) DICE');
+        assert.equal(item().command, 'dice.showLog');
+    });
+
+    it('starts the server for a CUDA file or a KernelBench reference, once', async () => {
+        activate();
+        stub.documentOpened.fire(PLAIN_PY);
+        await settle();
+        assert.equal(world.handles.length, 0);
+        stub.documentOpened.fire(REFERENCE);
+        stub.documentOpened.fire(CU);
+        await settle();
+        assert.equal(world.handles.length, 1);
+        assert.equal(ext!.manager.state, 'running');
+        // The client now owns the server command ids (the fake registers them like ExecuteCommandFeature).
+        assert.equal(world.last.options.launch.command, 'python3');
+    });
+
+    it('runs "Fill mask at cursor" from the palette with the cursor, a progress notification and the token', async () => {
+        stub.textDocuments = [CU];
+        stub.activeTextEditor = { document: CU, selection: { active: { line: 1, character: 6 } } };
+        world.script = {
+            answer: () => ({ ok: true, applied: true, filled: [{ mask: 0 }], skipped: [] }),
+            progress: [
+                { kind: 'begin', title: 'DICE: filling a mask', percentage: 0 },
+                { kind: 'report', message: 'generating 1/1', percentage: 50 },
+                { kind: 'end' },
+            ],
+        };
+        activate();
+        await settle();
+        const result = await stub.commands.get('dice.fillMask')!();
+        assert.deepEqual(result, { ok: true, applied: true, filled: [{ mask: 0 }], skipped: [] });
+        const sent = world.last.executed[0];
+        assert.equal(sent.command, 'dice.fillMask');
+        assert.deepEqual(sent.args, ['file:///k/softmax.cu', { line: 1, character: 6 }]);
+        assert.match(sent.workDoneToken, /^dice-/);
+        assert.deepEqual(stub.progress, [
+            {
+                title: 'DICE: filling the mask',
+                reports: [
+                    { message: undefined, increment: 0 },
+                    { message: 'generating 1/1', increment: 50 },
+                ],
+            },
+        ]);
+        assert.ok(log().lines.some((l) => l.includes('dice.fillMask: filled 1 mask(s)')));
+        assert.deepEqual(stub.messages, [], 'the server shows its own result message');
+    });
+
+    it('starts the server when a server command comes before any CUDA file', async () => {
+        stub.activeTextEditor = { document: CU, selection: { active: { line: 0, character: 0 } } };
+        world.script = { answer: () => ({ ok: true, verdict: {}, label: 'compiled ✓ · not run' }) };
+        activate();
+        const result = await stub.commands.get('dice.validateKernel')!();
+        assert.deepEqual(result, { ok: true, verdict: {}, label: 'compiled ✓ · not run' });
+        assert.equal(world.handles.length, 1);
+        assert.deepEqual(world.last.executed[0].args, ['file:///k/softmax.cu']);
+    });
+
+    it('drives the status bar from dice/status and logs malformed payloads', async () => {
+        stub.textDocuments = [CU];
+        activate();
+        await settle();
+        world.last.options.onStatus({ state: 'ready', model: 'dice-tiny', device: 'cpu', message: null });
+        assert.equal(item().text, '$(check) DICE dice-tiny · cpu');
+        world.last.options.onStatus({ state: 'validating', model: 'dice-tiny', device: 'cpu', message: 'validating k.cu' });
+        assert.equal(item().text, '$(beaker) DICE: validating');
+        world.last.options.onStatus({ nonsense: true });
+        assert.ok(log().lines.some((l) => l.includes('malformed dice/status')));
+    });
+
+    it('sends changed settings live and restarts only for server settings', async () => {
+        stub.textDocuments = [CU];
+        activate();
+        await settle();
+        stub.setSetting('dice.candidates', 5);
+        await settle();
+        assert.equal(world.last.pushed.length, 1);
+        assert.equal(world.last.pushed[0].candidates, 5);
+        assert.equal(world.handles.length, 1);
+
+        stub.setSetting('dice.server.pythonPath', '/opt/venv/bin/python');
+        await settle();
+        assert.equal(world.handles.length, 2);
+        assert.equal(world.handles[0].stops, 1);
+        assert.deepEqual(world.last.options.launch, { command: '/opt/venv/bin/python', args: ['-m', 'lsp_server'] });
+        assert.equal(world.last.options.settings.candidates, 5, 'the new process starts with the current settings');
+    });
+
+    it('toggles automatic suggestions where the effective value lives', async () => {
+        stub.textDocuments = [CU];
+        activate();
+        await settle();
+        await stub.commands.get('dice.toggleAutomaticSuggestions')!();
+        await settle();
+        assert.deepEqual(stub.updates, [{ key: 'dice.automaticTrigger', value: false, target: ConfigurationTarget.Global }]);
+        assert.equal(world.last.pushed.at(-1)!.automaticTrigger, false);
+        assert.match(item().text, /eye-closed/);
+        assert.match(stub.messages[0].text, /automatic suggestions off/);
+
+        stub.workspaceSettings.set('dice.automaticTrigger', false);
+        await stub.commands.get('dice.toggleAutomaticSuggestions')!();
+        assert.deepEqual(stub.updates[1], { key: 'dice.automaticTrigger', value: true, target: ConfigurationTarget.Workspace });
+    });
+
+    it('restarts on request and shows the log', async () => {
+        stub.textDocuments = [CU];
+        activate();
+        await settle();
+        await stub.commands.get('dice.restartServer')!();
+        assert.equal(world.handles.length, 2);
+        stub.commands.get('dice.showLog')!();
+        assert.equal(log().shown, 1);
+    });
+
+    it('keeps the palette answering after a crash', async () => {
+        stub.textDocuments = [CU];
+        activate();
+        await settle();
+        world.last.crash();
+        await settle();
+        assert.equal(ext!.manager.state, 'stopped');
+        assert.equal(item().text, '$(debug-disconnect) DICE: stopped');
+        assert.deepEqual([...stub.commands.keys()].sort(), [...contributed].sort(), 'fallbacks are back');
+        // While the restart is pending, a server command offers recovery instead of failing silently.
+        stub.answers.push('Show log');
+        await stub.commands.get('dice.fillAllMasks')!('file:///k/softmax.cu');
+        assert.equal(stub.messages.at(-1)!.level, 'error');
+        assert.deepEqual(stub.messages.at(-1)!.actions, ['Restart server', 'Show log']);
+        assert.equal(log().shown, 1);
+    });
+
+    it('reports bad settings once and uses the defaults', async () => {
+        stub.settings.set('dice.policy', 'greedy');
+        stub.textDocuments = [CU];
+        activate();
+        await settle();
+        assert.equal(world.last.options.settings.policy, 'dynamic');
+        const warnings = stub.messages.filter((m) => m.level === 'warning');
+        assert.equal(warnings.length, 1);
+        assert.match(warnings[0].text, /dice\.policy = "greedy"/);
+    });
+
+    it('stops the server on deactivate', async () => {
+        stub.textDocuments = [CU];
+        const e = activate();
+        await settle();
+        await e.dispose();
+        assert.equal(world.last.stops, 1);
+        assert.equal(e.manager.state, 'stopped');
+    });
+});
