@@ -15,6 +15,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "dice.commands.complete",
     "dice.commands.generate",
     "dice.commands.train",
+    "dice.commands.validate",
+    "dice.commands.eval",
 )
 
 
