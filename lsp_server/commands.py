@@ -117,6 +117,10 @@ async def execute(
         session.show(str(exc), types.MessageType.Error)
         return {"ok": False, "message": str(exc)}
     except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and getattr(task, "cancelling", lambda: 1)() == 0:
+            # the user cancelled the progress (window/workDoneProgress/cancel), not the request
+            return {"ok": False, "message": "cancelled"}
         raise
     except Exception as exc:
         logger.exception("command %s failed", command)
@@ -318,7 +322,7 @@ async def validate_kernel(
         raise CommandFailed(f"cannot read {target.uri}")
     if not snap.analysable:
         raise CommandFailed("this document is binary or too large for DICE")
-    service = await session.get_service()
+    service = await session.get_service(model=False)
     name = snap.path.name if snap.path else target.uri
     title = f"DICE: validating {name}"
     async with work_done_progress(session, title, token) as progress, session.busy("validating", title):

@@ -49,41 +49,34 @@ def mask_diagnostics(masks: Sequence[Any]) -> list[types.Diagnostic]:
     return out
 
 
-def compile_error_diagnostics(
-    text: str, verdict: Any, line_map: Sequence[int] | None = None, *, first_source_line: int = 1
-) -> list[types.Diagnostic]:
-    """Diagnostics for the compiler lines of a verdict's log.
+def compile_error_diagnostics(text: str, verdict: Any) -> list[types.Diagnostic]:
+    """Diagnostics for the compiler messages of a verdict, on the validated file's lines.
 
-    ``line_map[i]`` is the file line of line ``i`` of the compiled source (``extract_device_code``);
-    ``first_source_line`` is the 1-based compiler line that holds that source's line 0 (a preamble shifts it).
-    Lines that map nowhere land on line 0 so the error is still visible.
+    The validator already maps compiler lines back to the file (``verdict.diagnostics``: 0-based ``line``,
+    ``severity``, ``message``); older verdicts without them fall back to the ``file(line): error`` lines of
+    the log, which the validator rewrites to file lines too. Lines outside the text land on line 0 so the
+    error stays visible.
     """
     v = verdict_json(verdict)
-    log = "\n".join(str(part) for part in (v.get("log"), v.get("message")) if part)
-    if not log:
-        return []
+    entries: list[tuple[int, str, str]] = []
+    for d in v.get("diagnostics") or []:
+        if isinstance(d, dict) and isinstance(d.get("line"), int):
+            entries.append((d["line"], str(d.get("severity", "error")), str(d.get("message", "")).strip()))
+    if not entries:
+        log = "\n".join(str(part) for part in (v.get("log"), v.get("message")) if part)
+        for match in _COMPILER_LINE.finditer(log):
+            entries.append(
+                (int(match.group("line")) - 1, match.group("severity"), match.group("message").strip())
+            )
     lines = text.splitlines() or [""]
     seen: set[tuple[int, str]] = set()
     out: list[types.Diagnostic] = []
-    for match in _COMPILER_LINE.finditer(log):
-        compiled_line = int(match.group("line")) - first_source_line
-        if line_map is None:
-            file_line = compiled_line
-        elif 0 <= compiled_line < len(line_map):
-            file_line = line_map[compiled_line]
-        else:
-            file_line = -1
+    for file_line, severity, message in entries:
         if not 0 <= file_line < len(lines):
             file_line = 0
-        message = match.group("message").strip()
         if (file_line, message) in seen:
             continue
         seen.add((file_line, message))
-        severity = (
-            types.DiagnosticSeverity.Warning
-            if match.group("severity") in ("warning", "remark")
-            else types.DiagnosticSeverity.Error
-        )
         line_text = lines[file_line]
         indent = len(line_text) - len(line_text.lstrip())
         out.append(
@@ -93,17 +86,18 @@ def compile_error_diagnostics(
                     end=types.Position(line=file_line, character=_utf16_len(line_text)),
                 ),
                 message=message,
-                severity=severity,
+                severity=types.DiagnosticSeverity.Warning
+                if severity in ("warning", "remark")
+                else types.DiagnosticSeverity.Error,
                 source=f"{SOURCE} (nvrtc)",
                 code="compile",
             )
         )
     if not out and v.get("status") == "compile_error":
+        origin = types.Position(line=0, character=0)
         out.append(
             types.Diagnostic(
-                range=types.Range(
-                    start=types.Position(line=0, character=0), end=types.Position(line=0, character=0)
-                ),
+                range=types.Range(start=origin, end=origin),
                 message=str(v.get("message") or "compilation failed"),
                 severity=types.DiagnosticSeverity.Error,
                 source=f"{SOURCE} (nvrtc)",

@@ -73,6 +73,7 @@ class DiceSession:
         self.state: StatusState = "loading"
         self._service_task: asyncio.Task | None = None
         self._service_error: str | None = None
+        self._validation_only: Any = None  # the service whose model failed to load: validation still works
         self._loaded_key: tuple[str, str] | None = None
         self._busy: dict[str, int] = {"busy": 0, "validating": 0}
         self._watcher: FileWatcher | None = None
@@ -173,10 +174,10 @@ class DiceSession:
             self._parent_task.cancel()
         if self._watcher is not None:
             self._watcher.stop()
-        service, self.service = self.service, None
-        if service is not None:
-            with contextlib.suppress(Exception):
-                service.close()
+        for service in (self.service, self._validation_only):
+            if service is not None:
+                _close_quietly(service)
+        self.service = self._validation_only = None
 
     def spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -224,8 +225,9 @@ class DiceSession:
 
     async def _load_service(self) -> Any:
         old, self.service = self.service, None
-        if old is not None:
-            await asyncio.to_thread(_close_quietly, old)
+        stale, self._validation_only = self._validation_only, None
+        for previous in {id(x): x for x in (old, stale) if x is not None}.values():
+            await asyncio.to_thread(_close_quietly, previous)
         self.model_info = None
         self._service_error = None
         where = self.settings.model.path or os.environ.get("DICE_MODEL") or "the embedded model"
@@ -233,13 +235,18 @@ class DiceSession:
         started = time.perf_counter()
         try:
             settings = self.assistant_settings()
-            service, info = await asyncio.to_thread(_build_service, settings)
+            from dice.assistant import AssistantService
+
+            # Constructing the service is cheap; loading the model is not and may fail (bad path). The
+            # service still validates kernels without a model, so it is kept for that.
+            service = self._validation_only = AssistantService(settings)
+            info = await asyncio.to_thread(lambda: service.model_info)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self._service_error = f"cannot load the model ({where}): {exc}"
-            self.set_status("error", self._service_error)
             self.show(self._service_error, types.MessageType.Error)
+            self.set_status("error", self._service_error)
             return None
         if self.closed:
             _close_quietly(service)
@@ -251,8 +258,11 @@ class DiceSession:
         self.set_status("ready", self._ready_message())
         return service
 
-    async def get_service(self) -> Any:
-        """The loaded service, waiting for a load in progress; raises ServiceUnavailable."""
+    async def get_service(self, *, model: bool = True) -> Any:
+        """The loaded service, waiting for a load in progress; raises ServiceUnavailable.
+
+        ``model=False``: validation only, which works even when the model could not be loaded.
+        """
         if self.service is not None:
             return self.service
         task = self._service_task
@@ -265,6 +275,8 @@ class DiceSession:
                 return await self.get_service()  # superseded by a newer load
             raise
         if service is None:
+            if not model and self._validation_only is not None:
+                return self._validation_only
             raise ServiceUnavailable(self._service_error or "the model is not loaded")
         return service
 
@@ -368,16 +380,9 @@ class DiceSession:
 
     def record_validation(self, snap: DocumentSnapshot, verdict: Any) -> None:
         """Keep a validation's verdict: compile errors become diagnostics, filled regions take its label."""
-        from dice.cuda_source import extract_device_code
-
         state = self.state_of(snap.uri)
         state.last_verdict = verdict_json(verdict) or None
-        line_map = None
-        with contextlib.suppress(Exception):
-            device = extract_device_code(snap.text)
-            if device.has_host_code:
-                line_map = list(device.line_map)
-        state.compile_diagnostics = compile_error_diagnostics(snap.text, verdict, line_map)
+        state.compile_diagnostics = compile_error_diagnostics(snap.text, verdict)
         state.regions = [make_region(r.start_byte, r.text, verdict) for r in state.regions]
         self.publish_diagnostics(snap.uri)
         self.refresh_code_lenses()
@@ -414,7 +419,7 @@ class DiceSession:
         state = self.state_of(uri)
         state.offers = []
         try:
-            service = await self.get_service()
+            service = await self.get_service(model=False)
         except ServiceUnavailable as exc:
             self.log(f"cannot re-validate {uri}: {exc}", types.MessageType.Warning)
             return
@@ -425,18 +430,6 @@ class DiceSession:
         async with self.busy("validating", f"re-validating {Path(to_fs_path(uri) or uri).name}"):
             verdict = await service.validate_document(snap.text)
         self.record_validation(snap, verdict)
-
-
-def _build_service(settings: Any) -> tuple[Any, Any]:
-    from dice.assistant import AssistantService
-
-    service = AssistantService(settings)
-    try:
-        info = service.model_info  # loads the engine when the service loads lazily
-    except BaseException:
-        _close_quietly(service)
-        raise
-    return service, info
 
 
 def _close_quietly(service: Any) -> None:
