@@ -69,7 +69,7 @@ async def test_masks_filled_ranked_and_spliced(scripted_engine_factory, validato
     assert not result.from_cache and not result.partial
 
     # each fill saw the file with the other hole still in it; the budget capped the second one
-    first, _, second, _ = engine.requests
+    first, second, _, _ = engine.requests  # greedy fills first, then the samples
     assert "// <MASK:16>" in first["suffix"] and first["max_new_tokens"] == settings.max_new_tokens
     assert "/* <MASK> */" in second["prefix"] and second["max_new_tokens"] == 16
     assert [r["temperature"] for r in engine.requests] == [0.0, 0.0, settings.sample_temperature,
