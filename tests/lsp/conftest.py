@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -199,6 +200,68 @@ def mask_ranges(text: str) -> list[types.Range]:
     from dice.cuda_source import parse_document
 
     return [m.range.to_lsp() for m in parse_document(text).masks]
+
+
+class RawServer:
+    """``dice-lsp`` driven with hand-written bytes: for messages a well-behaved client cannot send."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @classmethod
+    async def start(cls) -> RawServer:
+        proc = await asyncio.create_subprocess_exec(
+            *SERVER_COMMAND,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        return cls(proc)
+
+    def send_bytes(self, body: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.send_bytes(json.dumps(message).encode())
+
+    async def read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        length = 0
+        while True:
+            line = await asyncio.wait_for(self.proc.stdout.readline(), WAIT_S)
+            if not line:
+                raise EOFError("the server closed its output")
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+            elif line in (b"\r\n", b"\n"):
+                break
+        return json.loads(await asyncio.wait_for(self.proc.stdout.readexactly(length), WAIT_S))
+
+    async def response(self, msg_id: Any) -> dict[str, Any]:
+        """Read until the response to ``msg_id`` (notifications and server requests are skipped)."""
+        while True:
+            message = await self.read()
+            if message.get("id") == msg_id and "method" not in message:
+                return message
+
+    async def initialize(self, options: dict[str, Any] | None = None) -> dict[str, Any]:
+        self.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 0,
+                "method": "initialize",
+                "params": {
+                    "processId": None,
+                    "rootUri": None,
+                    "capabilities": {},
+                    "initializationOptions": options,
+                },
+            }
+        )
+        result = await self.response(0)
+        self.send({"jsonrpc": "2.0", "method": "initialized", "params": {}})
+        return result
 
 
 @pytest.fixture(scope="session")
