@@ -1,0 +1,179 @@
+"""Device-code extraction: what is kept and dropped, the line map, and real NVRTC compiles (no GPU needed)."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from dice.cuda_source import extract_device_code, parse_document, splice
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+CU_EXAMPLES = ["vector_add.cu", "softmax_rows.cu", "tiled_matmul.cu"]
+
+
+def nvrtc_include_dirs() -> list[str]:
+    """CUDA headers from the pip CUDA runtime (or a toolkit) and libcu++ as CuPy ships it."""
+    dirs: list[str] = []
+    for base in sys.path:
+        for candidate in (Path(base) / "nvidia" / "cu13" / "include",
+                          Path(base) / "nvidia" / "cuda_runtime" / "include",
+                          Path(base) / "cupy" / "_core" / "include" / "cupy" / "_cccl" / "libcudacxx"):
+            if candidate.is_dir() and str(candidate) not in dirs:
+                dirs.append(str(candidate))
+    if Path("/usr/local/cuda/include").is_dir():
+        dirs.append("/usr/local/cuda/include")
+    return dirs
+
+
+def nvrtc_compile(source: str) -> tuple[bool, str]:
+    """Compile with the bare NVRTC binding (works without a GPU); returns (ok, log)."""
+    nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
+    options = ["--gpu-architecture=compute_90", "-std=c++17"] + [f"-I{d}" for d in nvrtc_include_dirs()]
+    program = nvrtc.createProgram(source, "candidate.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(program, options)
+            return True, nvrtc.getProgramLog(program)
+        except Exception:
+            return False, nvrtc.getProgramLog(program)
+    finally:
+        nvrtc.destroyProgram(program)
+
+
+def test_nvrtc_really_rejects_host_code() -> None:
+    """The premise of the extractor: NVRTC refuses host functions and host headers."""
+    ok, log = nvrtc_compile("#include <vector>\n__global__ void k() {}\n")
+    assert not ok and "vector" in log
+    ok, log = nvrtc_compile("int main() { return 0; }\n__global__ void k() {}\n")
+    assert not ok and "host function" in log
+
+
+@pytest.mark.parametrize("name", CU_EXAMPLES)
+@pytest.mark.parametrize("variant", ["examples", "solutions"])
+def test_examples_device_code_compiles_with_nvrtc(name: str, variant: str) -> None:
+    path = EXAMPLES / name if variant == "examples" else EXAMPLES / "solutions" / name
+    device = extract_device_code(path.read_text())
+    ok, log = nvrtc_compile(device.source)
+    assert ok, log
+
+
+def test_tiled_matmul_host_code_is_removed_and_lines_map_back() -> None:
+    text = (EXAMPLES / "tiled_matmul.cu").read_text()
+    device = extract_device_code(text)
+    assert device.has_host_code
+    for host_only in ("int main", "<<<", "cudaMalloc(&", "std::vector", "host_dot", "#include <vector>"):
+        assert host_only not in device.source
+    assert set(device.dropped_includes) == {"cstdio", "cstdlib", "cmath", "vector", "cuda_runtime.h"}
+    original = text.splitlines()
+    for out_line, origin in zip(device.source.splitlines(), device.line_map, strict=True):
+        assert out_line == original[origin]
+    assert "__global__ void tiled_matmul(" in device.source
+
+
+def test_compiler_errors_map_to_the_users_line() -> None:
+    text = (EXAMPLES / "softmax_rows.cu").read_text()
+    mask = parse_document(text).masks[1]
+    broken = splice(text, {1: "y_row[threadIdx.x] = undefined_name;"}).text
+    device = extract_device_code("#include <vector>\nint helper() { return 1; }\n" + broken)
+    ok, log = nvrtc_compile(device.source)
+    assert not ok
+    match = re.search(r"candidate\.cu\((\d+)\): error: identifier \"undefined_name\" is undefined", log)
+    assert match, log
+    assert device.original_line(int(match.group(1)) - 1) == mask.range.start.line + 2
+
+
+def test_kept_and_dropped_items() -> None:
+    text = """#include <cuda_fp16.h>
+#include "my_helpers.cuh"
+#include <iostream>
+#include <cstdint>
+#include <cooperative_groups.h>
+#define BLOCK 128
+#define DEV __device__ __forceinline__
+typedef float real;
+using index_t = int;
+struct Pair { float a, b; };
+enum class Mode { kFast, kExact };
+constexpr int kTile = 16;
+static const float kScale = 0.5f;
+__constant__ float weights[BLOCK];
+__device__ int counter;
+std::vector<float> host_buffer;
+int host_counter = 0;
+void launch(float* x, int n);
+__global__ void k(float* x, int n);
+constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
+DEV float twice(float v) { return 2.0f * v; }
+template <typename T> __device__ T square(T v) { return v * v; }
+template <typename T> T host_square(T v) { return v * v; }
+using namespace std;
+namespace cg = cooperative_groups;
+namespace ops {
+  __device__ float inc(float v) { return v + 1.0f; }
+  float host_inc(float v) { return v + 1.0f; }
+}
+extern "C" {
+  __global__ void k2(int32_t* x) { x[0] = cdiv(3, 2); }
+  void host_in_c() {}
+}
+#ifdef __CUDACC__
+__global__ void k(float* x, int n) { if (n) x[0] = twice(square(weights[0])) * kScale; }
+#else
+int fallback() { return 0; }
+#endif
+int main() { float* d; cudaMalloc(&d, 4); k<<<1, 1>>>(d, 1); }
+"""
+    device = extract_device_code(text)
+    kept = ["#include <cuda_fp16.h>", '#include "my_helpers.cuh"', "#include <cuda/std/cstdint>",
+            "#define BLOCK 128", "typedef float real;", "using index_t = int;", "struct Pair",
+            "enum class Mode",
+            "constexpr int kTile = 16;", "static const float kScale = 0.5f;", "__constant__ float weights",
+            "__device__ int counter;", "__global__ void k(float* x, int n);",
+            "__host__ __device__ constexpr int cdiv", "DEV float twice", "template <typename T> __device__ T",
+            "namespace cg = cooperative_groups;", "__device__ float inc", "__global__ void k2",
+            "#ifdef __CUDACC__", "#else", "#endif", "using cuda::std::int32_t;"]
+    dropped = ["<iostream>", "host_buffer", "host_counter", "void launch", "host_square",
+               "using namespace std;", "host_inc", "host_in_c", "int fallback", "int main", "cudaMalloc",
+               "<<<"]
+    for piece in kept:
+        assert piece in device.source, piece
+    for piece in dropped:
+        assert piece not in device.source, piece
+    assert device.dropped_includes == ("iostream",)
+    assert device.has_host_code
+    # the namespace and extern "C" braces survive around what they keep
+    assert "namespace ops {" in device.source and 'extern "C" {' in device.source
+    ok, log = nvrtc_compile(extract_device_code(text.replace('#include "my_helpers.cuh"\n', "")).source)
+    assert ok, log
+
+
+def test_device_only_file_is_unchanged_and_flags_no_host_code() -> None:
+    text = "#define N 4\n\n__global__ void k(float* x) {\n    x[0] = N;\n}\n"
+    device = extract_device_code(text)
+    assert device.source == text
+    assert device.line_map == [0, 1, 2, 3, 4]
+    assert not device.has_host_code
+
+
+def test_extraction_never_raises_on_broken_input() -> None:
+    for text in ("", "}}}", "__global__ void k( {", "int main() {", "\x00\xff junk <<<>>>", "#include <",
+                 "template <typename T"):
+        device = extract_device_code(text)
+        assert len(device.line_map) == len(device.source.splitlines())
+
+
+def test_kernelbench_solution_cuda_string_device_part_compiles() -> None:
+    """The device half of the KernelBench solution's load_inline source compiles; the file is not run."""
+    module = ast.parse((EXAMPLES / "solutions" / "kernelbench_softmax.py").read_text())
+    sources = {target.id: node.value.value for node in module.body if isinstance(node, ast.Assign)
+               for target in node.targets if isinstance(target, ast.Name)
+               and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)}
+    device = extract_device_code(sources["softmax_source"])
+    assert device.has_host_code  # the torch wrapper with its <<<>>> launch
+    assert "torch::Tensor" not in device.source
+    ok, log = nvrtc_compile(device.source)
+    assert ok, log
