@@ -23,7 +23,7 @@ class SFTConfig:
 
     data: str = field(
         metadata={
-            "help": "training examples: a .jsonl of training.data.Example, or packed rows (.safetensors)"
+            "help": "examples: .jsonl(.gz) of training.data.Example, or packed rows (.npz / .safetensors)"
         }
     )
     out: str = field(

@@ -16,6 +16,7 @@ anything is trained, so no held-out problem's code reaches the tokenizer or the 
 from __future__ import annotations
 
 import ast
+import bisect
 import hashlib
 import json
 import random
@@ -295,26 +296,44 @@ def _byte_to_char_map(text: str) -> list[int]:
 
 
 def render_kernelbench(ref_src: str, program: str) -> tuple[str, str]:
+    """DICE whole-program generation: the KernelBench one-shot prompt; the answer is one python block."""
     from engine.prompts import kernelbench_prompt
 
     return kernelbench_prompt(ref_src), f"```python\n{program.rstrip()}\n```"
 
 
-def render_cu_infill(prefix: str, middle: str, suffix: str, context: str | None = None) -> tuple[str, str]:
+def render_cu_infill(prefix: str, middle: str, suffix: str) -> tuple[str, str]:
+    """``.cu`` infilling through the engine's infill prompt (no PyTorch context).
+
+    The prompt ends with the response prefix the engine pre-fills (code fence + prefix). The target is the
+    middle followed by the suffix up to its first non-blank line: the engine stops once that line appears
+    (``engine.prompts.extract_middle``), so the model learns where the hole ends without copying the whole
+    suffix.
+    """
     from engine.prompts import infill_prompt
 
-    prompt, response_prefix = infill_prompt(prefix, suffix, context=context)
-    return prompt + response_prefix, middle
+    prompt, response_prefix = infill_prompt(prefix, suffix, context=None)
+    head_end = _first_line_end(suffix)
+    return prompt + response_prefix, middle + suffix[:head_end]
+
+
+def _first_line_end(text: str) -> int:
+    pos = 0
+    for line in text.splitlines(keepends=True):
+        pos += len(line)
+        if line.strip():
+            return pos
+    return len(text)
 
 
 def render_dice_infill(ref_src: str, program: str, cuda: CudaString) -> tuple[str, str]:
-    """DICE BiC-RL phase-1 infilling: PyTorch code, the program's prefix and suffix around the CUDA source
-    string are shown; the answer is the whole program."""
-    from engine import prompts
+    """DICE BiC-RL phase-1 infilling: the PyTorch reference and the program around its CUDA source string are
+    shown; the response (after the pre-filled fence + prefix) is the CUDA source, the suffix and the fence."""
+    from engine.prompts import infill_prompt
 
-    prefix, suffix = program[: cuda.start], program[cuda.end :]
-    prompt = prompts.dice_infill_prompt(ref_src, prefix, suffix)
-    return prompt, f"```python\n{program.rstrip()}\n```"
+    prefix, middle, suffix = program[: cuda.start], cuda.text, program[cuda.end :]
+    prompt, response_prefix = infill_prompt(prefix, suffix, context=ref_src)
+    return prompt + response_prefix, f"{middle}{suffix.rstrip()}\n```"
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -407,15 +426,16 @@ def build_examples(solutions: Sequence[Solution], cfg: CorpusConfig) -> list[Exa
 
 
 def build_corpus(cfg: CorpusConfig) -> dict:
-    """Write train.jsonl, heldout.jsonl, tokenizer_text.txt and corpus_stats.json into ``cfg.out_dir``."""
+    """Write train.jsonl.gz, heldout.jsonl.gz, tokenizer_text.txt and corpus_stats.json in ``cfg.out_dir``."""
     solutions = read_all(cfg.data_dir)
     held = split_groups((s.group for s in solutions), cfg.heldout_fraction, cfg.seed)
     examples = build_examples(solutions, cfg)
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     stats: dict = {"train": {}, "heldout": {}, "heldout_groups": sorted(held)}
+    # gzip: the examples repeat the prompt template and whole CUDA files, so they shrink ~40x.
     with (
-        open(cfg.out_dir / "train.jsonl", "w", encoding="utf-8") as tr,
-        open(cfg.out_dir / "heldout.jsonl", "w", encoding="utf-8") as ho,
+        _open_text(cfg.out_dir / "train.jsonl.gz", "wt") as tr,
+        _open_text(cfg.out_dir / "heldout.jsonl.gz", "wt") as ho,
     ):
         for ex in examples:
             split = "heldout" if ex.group in held else "train"
@@ -434,8 +454,17 @@ def build_corpus(cfg: CorpusConfig) -> dict:
     return stats
 
 
+def _open_text(path: Path, mode: str = "rt"):
+    if str(path).endswith(".gz"):
+        import gzip
+
+        return gzip.open(path, mode, encoding="utf-8")
+    return open(path, mode, encoding="utf-8")
+
+
 def read_examples(path: Path) -> list[Example]:
-    with open(path, encoding="utf-8") as fh:
+    """Examples from a .jsonl (or .jsonl.gz) file."""
+    with _open_text(Path(path)) as fh:
         return [Example.from_json(line) for line in fh if line.strip()]
 
 
@@ -451,18 +480,29 @@ class ChatSpecials:
     im_end_id: int
 
 
-def encode_example(
-    encode, ex: Example, specials: ChatSpecials, block_size: int, newline_ids: Sequence[int]
+def chat_sequence(
+    prompt_ids: Sequence[int],
+    response_ids: Sequence[int],
+    specials: ChatSpecials,
+    block_size: int,
+    newline_ids: Sequence[int],
 ) -> tuple[list[int], list[bool]]:
     """ids and loss mask of one example: prompt (no loss) + response + ``<|im_end|>\\n`` + eos padding to a
     multiple of the block size (all with loss), as in DICE (LLaMA-Factory, template qwen3, block_length 4)."""
-    prompt_ids = list(encode(ex.prompt))
-    response_ids = list(encode(ex.response)) + [specials.im_end_id, *newline_ids]
-    ids = prompt_ids + response_ids
+    response = [*response_ids, specials.im_end_id, *newline_ids]
+    ids = [*prompt_ids, *response]
     pad = (-len(ids)) % block_size
     ids += [specials.eos_id] * pad
-    loss = [False] * len(prompt_ids) + [True] * (len(response_ids) + pad)
+    loss = [False] * len(prompt_ids) + [True] * (len(response) + pad)
     return ids, loss
+
+
+def encode_example(
+    encode, ex: Example, specials: ChatSpecials, block_size: int, newline_ids: Sequence[int]
+) -> tuple[list[int], list[bool]]:
+    """:func:`chat_sequence` of one example, prompt and response encoded separately (as the engine encodes
+    the prompt alone at inference)."""
+    return chat_sequence(encode(ex.prompt), encode(ex.response), specials, block_size, newline_ids)
 
 
 @dataclass
@@ -478,13 +518,29 @@ class PackedRows:
         return self.input_ids.shape[0]
 
     def save(self, path: Path) -> None:
+        """``.npz``: compressed, int16 where the values fit (the device transfer is size-limited); any other
+        suffix: safetensors."""
+        path = Path(path)
+        if path.suffix == ".npz":
+            import numpy as np
+
+            small = int(self.input_ids.max()) < 2**15 and self.input_ids.shape[1] < 2**15
+            dtype = np.int16 if small else np.int32
+            np.savez_compressed(
+                path,
+                input_ids=self.input_ids.numpy().astype(dtype),
+                position_ids=self.position_ids.numpy().astype(dtype),
+                doc_ids=self.doc_ids.numpy().astype(dtype),
+                loss_mask=self.loss_mask.numpy(),
+            )
+            return
         from safetensors.torch import save_file
 
         save_file(
             {
                 "input_ids": self.input_ids.to(torch.int32).contiguous(),
                 "position_ids": self.position_ids.to(torch.int32).contiguous(),
-                "doc_ids": self.doc_ids.to(torch.int16).contiguous(),
+                "doc_ids": self.doc_ids.to(torch.int32).contiguous(),
                 "loss_mask": self.loss_mask.to(torch.uint8).contiguous(),
             },
             str(path),
@@ -492,9 +548,16 @@ class PackedRows:
 
     @classmethod
     def load(cls, path: Path) -> PackedRows:
-        from safetensors.torch import load_file
+        path = Path(path)
+        if path.suffix == ".npz":
+            import numpy as np
 
-        t = load_file(str(path))
+            with np.load(path) as z:
+                t = {k: torch.from_numpy(z[k]) for k in ("input_ids", "position_ids", "doc_ids", "loss_mask")}
+        else:
+            from safetensors.torch import load_file
+
+            t = load_file(str(path))
         return cls(
             t["input_ids"].long(), t["position_ids"].long(), t["doc_ids"].long(), t["loss_mask"].bool()
         )
@@ -515,19 +578,22 @@ def pack(
     for ids, _ in keep:
         if len(ids) % block_size:
             raise ValueError("every sequence must be padded to a multiple of the block size before packing")
+    # Best-fit decreasing: each sequence goes to the fullest row it still fits in (free space kept sorted).
     order = sorted(range(len(keep)), key=lambda i: -len(keep[i][0]))
     rows: list[list[int]] = []  # indices into keep
-    free: list[int] = []
+    free: list[tuple[int, int]] = []  # sorted (free tokens, row)
     for i in order:
         n = len(keep[i][0])
-        for r, space in enumerate(free):
-            if space >= n:
-                rows[r].append(i)
-                free[r] -= n
-                break
+        j = bisect.bisect_left(free, (n, -1))
+        if j < len(free):
+            space, r = free.pop(j)
+            rows[r].append(i)
+            if space - n:
+                bisect.insort(free, (space - n, r))
         else:
             rows.append([i])
-            free.append(seq_len - n)
+            if seq_len - n:
+                bisect.insort(free, (seq_len - n, len(rows) - 1))
     n_rows = len(rows)
     input_ids = torch.full((n_rows, seq_len), pad_id, dtype=torch.long)
     position_ids = torch.zeros((n_rows, seq_len), dtype=torch.long)
@@ -555,7 +621,11 @@ def tokenize_and_pack(
     """Encode with an ``engine.tokenizer.Tokenizer`` and pack. Returns rows and counts for the log."""
     specials = ChatSpecials(eos_id=tokenizer.eos_id, im_end_id=tokenizer.im_end_id)
     newline = tokenizer.encode("\n")
-    seqs = [encode_example(tokenizer.encode, ex, specials, block_size, newline) for ex in examples]
+    prompts = tokenizer.encode_batch([ex.prompt for ex in examples])
+    responses = tokenizer.encode_batch([ex.response for ex in examples])
+    seqs = [
+        chat_sequence(p, r, specials, block_size, newline) for p, r in zip(prompts, responses, strict=True)
+    ]
     rows, dropped = pack(seqs, seq_len, block_size, tokenizer.eos_id)
     kept_tokens = sum(len(s[0]) for s in seqs if len(s[0]) <= seq_len)
     stats = {

@@ -179,7 +179,7 @@ def load_rows(path: str, tokenizer, seq_len: int, block_size: int):
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{p}: data file not found")
-    if p.suffix == ".safetensors":
+    if p.suffix in (".safetensors", ".npz"):
         rows = PackedRows.load(p)
         stats = {"rows": len(rows), "answer_tokens": int(rows.loss_mask.sum())}
     else:
@@ -280,14 +280,18 @@ def main(cfg: SFTConfig) -> dict:
         os.environ.setdefault(key, value)
     cfg.validate()
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
+    from accelerate.utils import GradientAccumulationPlugin, set_seed
 
     from engine.checkpoint import save_model
     from engine.tokenizer import load_tokenizer
 
     cuda = torch.cuda.is_available()
     mixed = cfg.mixed_precision if cfg.mixed_precision != "auto" else ("bf16" if cuda else "no")
-    accelerator = Accelerator(gradient_accumulation_steps=cfg.grad_accum, mixed_precision=mixed)
+    # cpu=True without CUDA: under torchrun (accelerate launch) the processes then join over gloo.
+    # Sync every grad_accum micro-batches only; not at the end of the loader, which accelerate sees one batch
+    # early because we draw a whole step's micro-batches before the first backward.
+    accum = GradientAccumulationPlugin(num_steps=cfg.grad_accum, sync_with_dataloader=False)
+    accelerator = Accelerator(gradient_accumulation_plugin=accum, mixed_precision=mixed, cpu=not cuda)
     set_seed(cfg.seed)
     out = Path(cfg.out)
     if accelerator.is_main_process:
@@ -338,7 +342,9 @@ def main(cfg: SFTConfig) -> dict:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, _lr_lambda(total_steps, warmup, cfg.min_lr_ratio)
     )
-    objective, optimizer, loader, scheduler = accelerator.prepare(objective, optimizer, loader, scheduler)
+    # The scheduler stays outside prepare(): accelerate would step it once per process per step.
+    objective, optimizer, loader = accelerator.prepare(objective, optimizer, loader)
+    accelerator.register_for_checkpointing(scheduler)
 
     # Resume: accelerate restores weights, optimizer, scheduler and RNG; we restore step and data position.
     step, epoch, history, eval_history = 0, 0, [], []
@@ -436,22 +442,15 @@ def main(cfg: SFTConfig) -> dict:
     with progress:
         task = progress.add_task("sft", total=total_steps, completed=step, info="")
         while step < total_steps and not stop:
+            # Epoch and position follow from the step alone, so a resumed run reads exactly the same batches.
+            epoch, position = divmod(step, steps_per_epoch)
             sampler.set_epoch(epoch)
-            batches = iter(loader)
-            skip = (step % steps_per_epoch) * cfg.grad_accum if resume_dir is not None else 0
-            if skip:
-                batches = iter(accelerator.skip_first_batches(loader, skip))
-                resume_dir = None
-            while step < total_steps:
-                micro = []
-                for _ in range(cfg.grad_accum):
-                    b = next(batches, None)
-                    if b is None:
-                        break
-                    micro.append(b)
-                if len(micro) < cfg.grad_accum:
-                    epoch += 1
+            skip = position * cfg.grad_accum
+            batches = iter(accelerator.skip_first_batches(loader, skip) if skip else loader)
+            for _ in range(steps_per_epoch - position):
+                if step >= total_steps:
                     break
+                micro = [next(batches) for _ in range(cfg.grad_accum)]
                 local_answer = sum(int(b["loss_mask"].sum()) for b in micro)
                 global_answer = accelerator.reduce(
                     torch.tensor(float(local_answer), device=accelerator.device), reduction="sum"
@@ -470,10 +469,10 @@ def main(cfg: SFTConfig) -> dict:
                         if accelerator.sync_gradients and cfg.grad_clip > 0:
                             grad_norm = accelerator.clip_grad_norm_(objective.parameters(), cfg.grad_clip)
                         optimizer.step()
-                        scheduler.step()
                         optimizer.zero_grad(set_to_none=True)
                     step_loss += loss_sum.detach() / global_answer
                     tokens_seen += b["input_ids"].numel() * world
+                scheduler.step()
                 step_loss = accelerator.reduce(step_loss, reduction="sum")
                 step += 1
                 elapsed = time.perf_counter() - started

@@ -49,6 +49,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     corpus.set_defaults(func=run_corpus)
 
+    pack = sub.add_parser("pack", help="tokenise examples and pack them into block-aligned rows (.npz)")
+    pack.add_argument("--examples", type=Path, required=True, help=".jsonl(.gz) from `dice train corpus`")
+    pack.add_argument("--tokenizer", type=Path, required=True, help="tokenizer folder")
+    pack.add_argument("--seq-len", type=int, default=4096, help="row length in tokens")
+    pack.add_argument("--block-size", type=int, default=4)
+    pack.add_argument("--out", type=Path, required=True, help="rows file (.npz compressed, or .safetensors)")
+    pack.set_defaults(func=run_pack)
+
     from training.config import SFTConfig
 
     sft = sub.add_parser(
@@ -96,6 +104,24 @@ def run_corpus(args: argparse.Namespace) -> int:
             from training.tokenizer import write_model_config
 
             write_model_config(args.model_template, args.out / "tokenizer", args.out / "init_config.json")
+    print(json.dumps(stats, indent=2))
+    return 0
+
+
+def run_pack(args: argparse.Namespace) -> int:
+    from engine.tokenizer import load_tokenizer
+    from training.data import read_examples, tokenize_and_pack
+
+    if not args.examples.is_file():
+        raise CliError(f"{args.examples}: examples file not found")
+    rows, stats = tokenize_and_pack(
+        read_examples(args.examples),
+        load_tokenizer(args.tokenizer),
+        seq_len=args.seq_len,
+        block_size=args.block_size,
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    rows.save(args.out)
     print(json.dumps(stats, indent=2))
     return 0
 
