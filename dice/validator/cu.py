@@ -7,8 +7,9 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from dice.validator.compile import NVRTC_STD_OPTIONS, nvcc_compile_check, nvrtc_compile
+from dice.validator.kernelbench import speedup_flags
 from dice.validator.paths import cuda_include_dirs, default_arch
-from dice.validator.verdict import FLAG_NOT_RUN, FLAG_SPEEDUP_OVER_10X, Verdict
+from dice.validator.verdict import FLAG_NOT_RUN, Verdict
 
 if TYPE_CHECKING:
     from dice.validator.worker import WorkerContext
@@ -182,9 +183,9 @@ def _run_spec(
         f"correct (atol={atol:g}, rtol={rtol:g}); {speedup:.2f}x vs reference "
         f"({ref_t.mean_ms:.4f} ms -> {new_t.mean_ms:.4f} ms, mean of {CU_TRIALS} after {CU_WARMUP} warm-up)"
     )
-    if speedup is not None and speedup > 10:
-        flags.append(FLAG_SPEEDUP_OVER_10X)
-        message += "; speedup over 10x: flagged for review"
+    extra_flags, note = speedup_flags(speedup)
+    flags += extra_flags
+    message += note
     log = (
         f"checked: {'; '.join(checked)}\n"
         f"reference: mean {ref_t.mean_ms:.5f} ms, median {ref_t.median_ms:.5f}, "

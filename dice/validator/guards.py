@@ -330,6 +330,15 @@ def _fake_tensor(node: ast.AST) -> GuardHit | None:
         for base in node.bases:
             if _dotted(base).endswith("Tensor"):
                 return GuardHit("fake_tensor", f"class {node.name} subclasses {_dotted(base)}", node.lineno)
+    if isinstance(node, ast.ImportFrom):
+        module = node.module or ""
+        names = [a.name for a in node.names]
+        if "_subclasses" in module or "fake_tensor" in module or any(n in FAKE_TENSOR_NAMES for n in names):
+            return GuardHit(
+                "fake_tensor",
+                f"imports {', '.join(names)} from {module}: outputs must be real tensors",
+                node.lineno,
+            )
     name = None
     if isinstance(node, ast.Attribute):
         name = node.attr

@@ -416,6 +416,14 @@ def _check_and_time(
                     + " (must be a plain, materialised CUDA torch.Tensor)"
                     + where,
                 )
+        for o, r in zip(_tensors(new_out), _tensors(ref_out), strict=False):
+            if _narrower(o.dtype, r.dtype):
+                return Verdict(
+                    "rejected",
+                    True,
+                    message=f"rejected by guard precision_downgrade: output is {o.dtype}, the reference's "
+                    f"{r.dtype}" + where,
+                )
         if not ref_aliases and any(_same_storage(o, x) for o in _tensors(new_out) for x in _tensors(inputs)):
             return Verdict(
                 "rejected",
@@ -525,9 +533,9 @@ def _check_and_time(
     speedup = ref_t.mean_ms / new_t.mean_ms if new_t.mean_ms > 0 else None
     message = f"correct ({CORRECTNESS_TRIALS} trials, atol={atol:g}); "
     message += f"{speedup:.2f}x vs PyTorch eager ({ref_t.mean_ms:.4f} ms -> {new_t.mean_ms:.4f} ms)"
-    if speedup is not None and speedup > 10:
-        flags.append(FLAG_SPEEDUP_OVER_10X)
-        message += "; speedup over 10x: flagged for review"
+    extra_flags, note = speedup_flags(speedup)
+    flags += extra_flags
+    message += note
     return Verdict(
         "correct",
         True,
@@ -540,6 +548,27 @@ def _check_and_time(
         log="\n".join(log),
         flags=flags,
     )
+
+
+def _narrower(dtype: Any, ref_dtype: Any) -> bool:
+    """Whether an output dtype holds less precision than the floating reference dtype (fp16 for fp32 ...)."""
+    import torch
+
+    if dtype == ref_dtype or not ref_dtype.is_floating_point:
+        return False
+    if not dtype.is_floating_point:
+        return True
+    return torch.finfo(dtype).bits < torch.finfo(ref_dtype).bits or (
+        torch.finfo(dtype).bits == torch.finfo(ref_dtype).bits
+        and torch.finfo(dtype).eps > torch.finfo(ref_dtype).eps
+    )
+
+
+def speedup_flags(speedup: float | None) -> tuple[list[str], str]:
+    """Flags and a message suffix for a measured speedup (over 10x is flagged for review)."""
+    if speedup is not None and speedup > 10:
+        return [FLAG_SPEEDUP_OVER_10X], "; speedup over 10x: flagged for review"
+    return [], ""
 
 
 def _all_equal(a: Any, b: Any) -> bool:

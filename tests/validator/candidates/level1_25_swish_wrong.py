@@ -1,0 +1,53 @@
+"""KernelBench level 1 problem 25 (Swish).
+
+WRONG on purpose: processes half of the elements.
+"""
+
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+swish_cuda_source = r"""
+#include <torch/extension.h>
+#include <cuda_runtime.h>
+
+__global__ void swish_kernel(const float* __restrict__ x, float* __restrict__ y, long long n) {
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float v = x[i];
+        y[i] = v / (1.f + expf(-v));
+    }
+}
+
+torch::Tensor swish_forward(torch::Tensor x, int64_t n) {
+    TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+                "swish_forward: contiguous float32 CUDA tensor expected");
+    TORCH_CHECK(n >= 0 && n <= x.numel(), "swish_forward: n out of range");
+    auto y = torch::empty_like(x);
+    const int threads = 256;
+    const long long blocks = std::min<long long>((n + threads - 1) / threads, 132LL * 32);
+    if (n > 0) {
+        swish_kernel<<<(unsigned)blocks, threads>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+    }
+    return y;
+}
+"""
+
+swish_cpp_source = "torch::Tensor swish_forward(torch::Tensor x, int64_t n);"
+
+swish_ext = load_inline(
+    name="swish_ext",
+    cpp_sources=swish_cpp_source,
+    cuda_sources=swish_cuda_source,
+    functions=["swish_forward"],
+    verbose=False,
+)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        return swish_ext.swish_forward(x, x.numel() // 2)

@@ -1,0 +1,53 @@
+"""KernelBench level 1 problem 28 (Hardsigmoid).
+
+WRONG on purpose: skips the last row.
+"""
+
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+hardsigmoid_cuda_source = r"""
+#include <torch/extension.h>
+#include <cuda_runtime.h>
+
+__global__ void hardsigmoid_kernel(const float* __restrict__ x, float* __restrict__ y, long long n) {
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float v = x[i];
+        y[i] = fminf(fmaxf(v * (1.f / 6.f) + 0.5f, 0.f), 1.f);
+    }
+}
+
+torch::Tensor hardsigmoid_forward(torch::Tensor x, int64_t n) {
+    TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+                "hardsigmoid_forward: contiguous float32 CUDA tensor expected");
+    TORCH_CHECK(n >= 0 && n <= x.numel(), "hardsigmoid_forward: n out of range");
+    auto y = torch::empty_like(x);
+    const int threads = 256;
+    const long long blocks = std::min<long long>((n + threads - 1) / threads, 132LL * 32);
+    if (n > 0) {
+        hardsigmoid_kernel<<<(unsigned)blocks, threads>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+    }
+    return y;
+}
+"""
+
+hardsigmoid_cpp_source = "torch::Tensor hardsigmoid_forward(torch::Tensor x, int64_t n);"
+
+hardsigmoid_ext = load_inline(
+    name="hardsigmoid_ext",
+    cpp_sources=hardsigmoid_cpp_source,
+    cuda_sources=hardsigmoid_cuda_source,
+    functions=["hardsigmoid_forward"],
+    verbose=False,
+)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        return hardsigmoid_ext.hardsigmoid_forward(x, x.numel() - x.size(1))

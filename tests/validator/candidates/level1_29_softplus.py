@@ -1,0 +1,53 @@
+"""KernelBench level 1 problem 29 (Softplus).
+
+one fused grid-stride CUDA kernel.
+"""
+
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+softplus_cuda_source = r"""
+#include <torch/extension.h>
+#include <cuda_runtime.h>
+
+__global__ void softplus_kernel(const float* __restrict__ x, float* __restrict__ y, long long n) {
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float v = x[i];
+        y[i] = v > 20.f ? v : log1pf(expf(v));
+    }
+}
+
+torch::Tensor softplus_forward(torch::Tensor x, int64_t n) {
+    TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+                "softplus_forward: contiguous float32 CUDA tensor expected");
+    TORCH_CHECK(n >= 0 && n <= x.numel(), "softplus_forward: n out of range");
+    auto y = torch::empty_like(x);
+    const int threads = 256;
+    const long long blocks = std::min<long long>((n + threads - 1) / threads, 132LL * 32);
+    if (n > 0) {
+        softplus_kernel<<<(unsigned)blocks, threads>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+    }
+    return y;
+}
+"""
+
+softplus_cpp_source = "torch::Tensor softplus_forward(torch::Tensor x, int64_t n);"
+
+softplus_ext = load_inline(
+    name="softplus_ext",
+    cpp_sources=softplus_cpp_source,
+    cuda_sources=softplus_cuda_source,
+    functions=["softplus_forward"],
+    verbose=False,
+)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        return softplus_ext.softplus_forward(x, x.numel())

@@ -1,0 +1,112 @@
+"""Static honesty guards: each adversarial candidate that can be caught without running is caught, with the
+guard named; honest candidates (right or wrong) pass; the dynamic-only cases are left to the GPU tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from dice.validator.guards import InvalidReference, analyze_candidate, check_reference, static_guards
+from dice.validator.kernelbench import speedup_flags
+
+from .conftest import CANDIDATES, RELU_REF, candidate
+
+STATIC = {
+    "adv_pure_torch.py": "no_custom_kernel",
+    "adv_try_fallback.py": "torch_fallback",
+    "adv_side_stream_static.py": "side_stream",
+    "adv_side_thread.py": "side_thread",
+    "adv_timer_patch.py": "monkey_patch",
+    "adv_fake_tensor_static.py": "fake_tensor",
+}
+DYNAMIC_ONLY = [
+    "adv_never_called.py",
+    "adv_side_stream_hidden.py",
+    "adv_timer_patch_hidden.py",
+    "adv_fake_tensor_meta.py",
+    "adv_inputs_mutated.py",
+    "adv_outputs_cached.py",
+    "adv_precision_downgrade.py",
+    "adv_half_precision_compute.py",
+    "adv_output_aliases_input.py",
+]
+HONEST = sorted(p.name for p in CANDIDATES.glob("level1_*.py"))
+
+
+def guards_of(src: str) -> list[str]:
+    return [hit.guard for hit in static_guards(src, analyze_candidate(src))]
+
+
+@pytest.mark.parametrize(("name", "guard"), sorted(STATIC.items()))
+def test_static_adversarial_cases_are_caught(name: str, guard: str) -> None:
+    assert guards_of(candidate(name))[:1] == [guard]
+
+
+@pytest.mark.parametrize("name", DYNAMIC_ONLY)
+def test_dynamic_cases_pass_the_static_stage(name: str) -> None:
+    assert guards_of(candidate(name)) == []
+
+
+def test_every_adversarial_file_is_covered() -> None:
+    assert sorted(p.name for p in CANDIDATES.glob("adv_*.py")) == sorted([*STATIC, *DYNAMIC_ONLY])
+
+
+@pytest.mark.parametrize("name", HONEST)
+def test_honest_candidates_pass(name: str) -> None:
+    src = candidate(name)
+    info = analyze_candidate(src)
+    assert info.has_model_new
+    assert guards_of(src) == []
+    (ext,) = info.extensions
+    assert ext.resolved and "__global__" in ext.cuda_sources[0]
+
+
+def test_extension_never_called_statically() -> None:
+    src = candidate("level1_19_relu.py").replace("return relu_ext.relu_forward(x, x.numel())", "return x")
+    assert "kernel_never_called" in guards_of(src)
+
+
+def test_kernel_defined_but_never_launched() -> None:
+    src = candidate("level1_19_relu.py").replace("relu_kernel<<<(unsigned)blocks, threads>>>(", "(void)(")
+    assert "kernel_never_called" in guards_of(src)
+
+
+@pytest.mark.parametrize(
+    ("snippet", "guard"),
+    [
+        ("import concurrent.futures\n", "side_thread"),
+        ("setattr(torch.cuda, 'synchronize', lambda: None)\n", "monkey_patch"),
+        ("import time\ntime.perf_counter = lambda: 0.0\n", "monkey_patch"),
+        ("torch.Tensor.__eq__ = lambda a, b: True\n", "monkey_patch"),
+        ("from torch._subclasses import FakeTensorMode\n", "fake_tensor"),
+    ],
+)
+def test_more_static_tricks(snippet: str, guard: str) -> None:
+    src = candidate("level1_19_relu.py").replace("class ModelNew", snippet + "\n\nclass ModelNew")
+    assert guard in guards_of(src)
+
+
+def test_cuda_side_stream_in_the_extension() -> None:
+    src = candidate("level1_19_relu.py").replace(
+        "auto y = torch::empty_like(x);",
+        "auto y = torch::empty_like(x);\n    cudaStream_t s; cudaStreamCreate(&s);",
+    )
+    assert "side_stream" in guards_of(src)
+
+
+def test_environment_setup_is_not_a_monkey_patch() -> None:
+    src = "import os\nos.environ['TORCH_CUDA_ARCH_LIST'] = '9.0'\n" + candidate("level1_19_relu.py")
+    assert guards_of(src) == []
+
+
+def test_reference_must_be_a_kernelbench_problem() -> None:
+    check_reference(RELU_REF)
+    with pytest.raises(InvalidReference, match="syntax error at line 1"):
+        check_reference("class Model(:\n")
+    with pytest.raises(InvalidReference, match="get_inputs"):
+        check_reference("class Model:\n    pass\n\ndef get_init_inputs():\n    return []\n")
+
+
+def test_speedup_over_10x_is_flagged() -> None:
+    assert speedup_flags(12.0)[0] == ["speedup_over_10x"]
+    assert speedup_flags(9.9) == ([], "")
+    assert speedup_flags(None) == ([], "")
