@@ -1,0 +1,219 @@
+"""The block-diffusion decode loop (one loop; policies, sampling and the forward runner are plugged in).
+
+Prompt handling follows SDAR: a prompt's whole blocks are prefilled into the cache; its tail (length % block)
+starts the first decode block, followed by mask slots. Rows of a batch are left-padded by whole blocks so
+that their current blocks share cache slots, and decode in lockstep; each row keeps its own positions, step
+counter and stop state, so a batch gives what its rows give one by one. Each denoising step samples every
+masked slot and the policy commits some; committed tokens are never re-masked. The forward that starts a
+block also carries the previous, now complete block, which writes its clean K/V (SDAR runs that as a
+separate forward). The only host syncs are one per block (stop checks), plus one per step for the
+threshold policies (has every slot been committed?) and when ``on_step`` is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from engine.runner import EagerRunner
+from engine.sampling import POLICIES, SamplingParams, sample_tokens, transfer_schedule
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """Reported after every denoising step (``on_step`` may raise to cancel)."""
+
+    block: int  # decode block index, 0 = the block holding the prompt tail
+    step: int  # denoising step within the block, 0-based
+    total_steps: int  # forwards so far in this generation
+    committed: int  # generated tokens committed so far, all rows
+
+
+@dataclass
+class GenerationOutput:
+    ids: list[list[int]]  # new tokens per row, stop token and anything after it excluded
+    step_map: list[
+        list[int]
+    ]  # per token: the row's 1-based denoising step that committed it (as DICE's rollouts)
+    confidences: list[list[float]]  # per token: the confidence it was committed with
+    finished: list[bool] = field(
+        default_factory=list
+    )  # True: stopped by a stop id / ``until``; False: budget
+    steps: int = 0  # denoising forwards run
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    block_size: int
+    steps_per_block: int
+    max_new_tokens: int
+    mask_id: int
+    pad_id: int
+    policy: str = "static"
+    threshold: float = 0.9
+    sampling: SamplingParams = SamplingParams()
+    stop_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r} (use one of {sorted(POLICIES)})")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        transfer_schedule(self.block_size, self.steps_per_block)
+
+
+def slots_needed(prompt_lengths: Sequence[int], block_size: int, max_new_tokens: int) -> int:
+    """Cache slots for a batch: the longest whole-block prefix plus the decode blocks of the longest tail."""
+    prefill = max(n // block_size for n in prompt_lengths)
+    tail = max(n % block_size for n in prompt_lengths)
+    return (prefill + -(-(tail + max_new_tokens) // block_size)) * block_size
+
+
+@torch.inference_mode()
+def decode(
+    runner: EagerRunner,
+    prompts: Sequence[Sequence[int]],
+    settings: DecodeSettings,
+    *,
+    device: torch.device | str,
+    generator: torch.Generator | None = None,
+    on_step: Callable[[StepEvent], None] | None = None,
+    until: Callable[[int, list[int]], bool] | None = None,
+) -> GenerationOutput:
+    """Generate for every prompt. ``until(row, ids)`` is asked after each block whether a row is done."""
+    s = settings
+    bs = s.block_size
+    b = len(prompts)
+    lengths = [len(p) for p in prompts]
+    if b == 0:
+        raise ValueError("no prompts given")
+    if min(lengths) == 0:
+        raise ValueError("every prompt needs at least one token")
+    if s.max_new_tokens == 0:
+        return GenerationOutput(
+            [[] for _ in prompts], [[] for _ in prompts], [[] for _ in prompts], [False] * b
+        )
+
+    full_blocks = [n // bs for n in lengths]
+    tails = [n % bs for n in lengths]
+    prefill_blocks = max(full_blocks)
+    offsets = [(prefill_blocks - nb) * bs for nb in full_blocks]  # left padding, whole blocks
+    cache = runner.new_cache(b, slots_needed(lengths, bs, s.max_new_tokens), bs)
+    cache.reset(offsets)
+    runner.prepare(cache, (bs, 2 * bs), bs)
+
+    offsets_t = torch.tensor(offsets, device=device)[:, None]  # (B, 1)
+    arange_bs = torch.arange(bs, device=device)
+    if prefill_blocks:
+        width = prefill_blocks * bs
+        ids = torch.full((b, width), s.pad_id, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            if full_blocks[i]:
+                ids[i, offsets[i] :] = torch.tensor(p[: full_blocks[i] * bs])
+        ids = ids.to(device)
+        pos = (torch.arange(width, device=device)[None] - offsets_t).clamp(min=0)
+        runner.prefill(cache, ids, pos)
+
+    policy = POLICIES[s.policy]
+    schedule = transfer_schedule(bs, s.steps_per_block)
+    threshold_policy = s.policy != "static"
+
+    # First decode block: each row's prompt tail, then masks.
+    x = torch.full((b, bs), s.mask_id, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if tails[i]:
+            x[i, : tails[i]] = torch.tensor(p[len(p) - tails[i] :])
+    x = x.to(device)
+    generated = (arange_bs[None] >= torch.tensor(tails, device=device)[:, None]).clone()  # (B, bs)
+    row_steps = torch.zeros(b, 1, dtype=torch.long, device=device)
+
+    out_ids: list[list[int]] = [[] for _ in prompts]
+    out_steps: list[list[int]] = [[] for _ in prompts]
+    out_conf: list[list[float]] = [[] for _ in prompts]
+    finished = [False] * b
+    stopped = [False] * b
+    active = torch.ones(b, 1, dtype=torch.bool, device=device)
+    prev_clean: Tensor | None = None
+    total_steps = 0
+    committed_so_far = 0
+    block = 0
+
+    while True:
+        start_slot = (prefill_blocks + block) * bs
+        pos = start_slot + arange_bs[None] - offsets_t  # (B, bs)
+        masked = generated & active
+        step_map = torch.zeros(b, bs, dtype=torch.long, device=device)
+        conf_map = torch.zeros(b, bs, dtype=torch.float32, device=device)
+        # Steps a static block needs: its largest number of masked slots, spent by the schedule.
+        n_masked = bs - (min(tails) if block == 0 else 0)
+        static_steps, spent = 0, 0
+        while spent < n_masked:
+            spent += schedule[min(static_steps, len(schedule) - 1)]
+            static_steps += 1
+        step = 0
+        while True:
+            if threshold_policy:
+                if not bool(masked.any()):
+                    break
+            elif step >= static_steps:
+                break
+            if prev_clean is not None:
+                ids = torch.cat([prev_clean, x], 1)
+                ids_pos = torch.cat([pos - bs, pos], 1)
+                start = torch.tensor([start_slot - bs], device=device)
+                prev_clean = None
+            else:
+                ids, ids_pos = x, pos
+                start = torch.tensor([start_slot], device=device)
+            logits = runner.step(cache, ids, ids_pos, start, bs)  # (B, bs, V)
+            logits[..., s.mask_id] = float("-inf")  # the mask token is never a prediction
+            tokens, confidence, entropy = sample_tokens(logits, s.sampling, generator)
+            quota = schedule[min(step, len(schedule) - 1)]
+            commit = policy(confidence, entropy, masked, quota, s.threshold) & masked
+            row_steps += masked.any(-1, keepdim=True)
+            x = torch.where(commit, tokens, x)
+            step_map = torch.where(commit, row_steps, step_map)
+            conf_map = torch.where(commit, confidence, conf_map)
+            masked = masked & ~commit
+            step += 1
+            total_steps += 1
+            if on_step is not None:
+                event = StepEvent(
+                    block, step - 1, total_steps, committed_so_far + int((generated & ~masked).sum())
+                )
+                on_step(event)
+
+        # Block complete: one host sync to collect it and decide which rows stop.
+        x_host, steps_host, conf_host = x.tolist(), step_map.tolist(), conf_map.tolist()
+        gen_host = generated.tolist()
+        for i in range(b):
+            if finished[i]:
+                continue
+            for j in range(bs):
+                if not gen_host[i][j] or len(out_ids[i]) >= s.max_new_tokens:
+                    continue
+                if x_host[i][j] in s.stop_ids:
+                    finished[i] = stopped[i] = True
+                    break
+                out_ids[i].append(x_host[i][j])
+                out_steps[i].append(steps_host[i][j])
+                out_conf[i].append(conf_host[i][j])
+            if not finished[i] and until is not None and until(i, out_ids[i]):
+                finished[i] = stopped[i] = True
+            if len(out_ids[i]) >= s.max_new_tokens:
+                finished[i] = True
+        committed_so_far = sum(len(o) for o in out_ids)
+        if all(finished):
+            break
+        active = torch.tensor([not f for f in finished], device=device)[:, None]
+        prev_clean = x
+        x = torch.full((b, bs), s.mask_id, dtype=torch.long, device=device)
+        generated = torch.ones(b, bs, dtype=torch.bool, device=device)
+        block += 1
+
+    return GenerationOutput(out_ids, out_steps, out_conf, stopped, total_steps)

@@ -1,0 +1,301 @@
+"""``load_engine`` and ``Engine``: a loaded checkpoint with the decode loop, infilling, program generation."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from engine.checkpoint import load_model, parse_dtype
+from engine.decode import DecodeSettings, GenerationOutput, StepEvent, decode
+from engine.errors import CheckpointError
+from engine.model import DiceModel, ModelConfig
+from engine.prompts import extract_middle, infill_prompt, kernelbench_prompt
+from engine.runner import CudaGraphRunner, EagerRunner
+from engine.sampling import SamplingParams
+from engine.tokenizer import Tokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_MODEL = Path(__file__).resolve().parent / "models" / "dice-tiny"
+# Below this size a CPU forward is a few tiny matmuls, where intra-op threads cost more than they save
+# (measured 20x slower on a loaded 2-core machine), so such models run single-threaded.
+SMALL_CPU_MODEL = 50_000_000
+
+
+@contextlib.contextmanager
+def _single_thread(enabled: bool) -> Iterator[None]:
+    if not enabled:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str  # infill: the middle only; generate_program: the whole answer
+    confidence: float  # mean confidence of the committed tokens (0.0 when none)
+    step_map: list[int]
+    token_ids: list[int]
+    finished: bool  # the answer ended (suffix start / stop token) rather than running out of tokens
+
+
+def resolve_model_path(path: str | Path | None) -> Path:
+    """path, else $DICE_MODEL, else the embedded dice-tiny folder; a clear error when it is missing."""
+    if path is not None and str(path) != "":
+        return Path(path).expanduser()
+    env = os.environ.get("DICE_MODEL")
+    if env:
+        return Path(env).expanduser()
+    if not (EMBEDDED_MODEL / "config.json").is_file():
+        raise CheckpointError(
+            f"the embedded model folder {EMBEDDED_MODEL} is missing or empty; pass a checkpoint path "
+            "or set DICE_MODEL to a DICE/SDAR checkpoint folder"
+        )
+    return EMBEDDED_MODEL
+
+
+def _resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' requested but CUDA is not available")
+    return device
+
+
+class Engine:
+    """Token ids in, token ids out; the text helpers (``infill``, ``generate_program``) sit on top."""
+
+    def __init__(
+        self,
+        model: DiceModel,
+        tokenizer: Tokenizer,
+        *,
+        name: str = "model",
+        path: Path | None = None,
+        cuda_graphs: bool | None = None,
+        compile: bool = False,
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.path = path
+        self.device = model.lm_head.weight.device
+        self.dtype = model.lm_head.weight.dtype
+        if cuda_graphs is None:
+            cuda_graphs = self.device.type == "cuda"
+        self.runner: EagerRunner = (
+            CudaGraphRunner(model, compile=compile) if cuda_graphs else EagerRunner(model)
+        )
+        mask_id = model.config.mask_token_id if model.config.mask_token_id is not None else tokenizer.mask_id
+        if not 0 <= mask_id < model.config.vocab_size:
+            raise CheckpointError(
+                f"mask token id {mask_id} is outside the vocabulary ({model.config.vocab_size})"
+            )
+        self.mask_id = mask_id
+        self._small_cpu = self.device.type == "cpu" and self.num_parameters < SMALL_CPU_MODEL
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.config
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
+
+    @torch.inference_mode()
+    def logits(self, input_ids: Tensor) -> Tensor:
+        """(B, T, V) float32 logits of full sequences under block-causal attention."""
+        ids = torch.as_tensor(input_ids, dtype=torch.long)
+        if ids.dim() == 1:
+            ids = ids[None]
+        with _single_thread(self._small_cpu):
+            return self.model(ids.to(self.device)).float()
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int] | Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        block_size: int | None = None,
+        steps_per_block: int | None = None,
+        policy: str = "static",
+        threshold: float = 0.9,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        stop_ids: Sequence[int] | None = None,
+        seed: int | None = None,
+        on_step: Callable[[StepEvent], None] | None = None,
+        dice_eval_compat: bool = False,
+        until: Callable[[int, list[int]], bool] | None = None,
+    ) -> GenerationOutput:
+        """Decode new tokens after each prompt (one prompt or a batch of different lengths).
+
+        policy: "static" (top-k per step, k = block/steps), "dynamic" (all above ``threshold``, at least the
+        step's quota) or "entropy" (EB-sampler, ``threshold`` = entropy budget in nats). ``stop_ids`` None:
+        the tokenizer's ``<|im_end|>`` and eos; [] never stops early. ``dice_eval_compat`` ranks by the
+        confidence after top-k/top-p filtering, as DICE's released evaluation script (there: temperature 1,
+        top_k 1, static, block 4, 4 steps). ``until(row, ids)`` is asked after each block whether a row is
+        done. ``on_step`` may raise (e.g. ``engine.Cancelled``) to stop between steps.
+        """
+        prompts = self._as_batch(prompt_ids)
+        vocab = self.config.vocab_size
+        limit = self.config.max_position_embeddings
+        for p in prompts:
+            if any(not 0 <= t < vocab for t in p):
+                raise ValueError(f"prompt token ids must be in [0, {vocab})")
+            if len(p) + max_new_tokens > limit:
+                raise ValueError(
+                    f"prompt ({len(p)}) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+                    f"max_position_embeddings ({limit})"
+                )
+        bs = block_size or self.config.block_size
+        settings = DecodeSettings(
+            block_size=bs,
+            steps_per_block=steps_per_block or bs,
+            max_new_tokens=max_new_tokens,
+            mask_id=self.mask_id,
+            pad_id=self.tokenizer.pad_id,
+            policy=policy,
+            threshold=threshold,
+            sampling=SamplingParams(temperature, top_k, top_p, filtered_confidence=dice_eval_compat),
+            stop_ids=tuple(self.tokenizer.stop_ids() if stop_ids is None else stop_ids),
+        )
+        generator = None
+        if seed is not None or temperature > 0:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
+        with _single_thread(self._small_cpu):
+            return decode(
+                self.runner,
+                prompts,
+                settings,
+                device=self.device,
+                generator=generator,
+                on_step=on_step,
+                until=until,
+            )
+
+    @staticmethod
+    def _as_batch(prompt_ids: Sequence[int] | Sequence[Sequence[int]] | Tensor) -> list[list[int]]:
+        if isinstance(prompt_ids, Tensor):
+            prompt_ids = prompt_ids.tolist()
+        if len(prompt_ids) == 0:
+            raise ValueError("empty prompt")
+        if isinstance(prompt_ids[0], int):
+            return [list(prompt_ids)]  # type: ignore[arg-type]
+        return [list(p) for p in prompt_ids]  # type: ignore[union-attr]
+
+    def _completions(self, out: GenerationOutput, texts: list[str]) -> list[Completion]:
+        return [
+            Completion(
+                text=text,
+                confidence=sum(c) / len(c) if c else 0.0,
+                step_map=s,
+                token_ids=ids,
+                finished=f,
+            )
+            for text, ids, s, c, f in zip(
+                texts, out.ids, out.step_map, out.confidences, out.finished, strict=True
+            )
+        ]
+
+    def _sample_n(
+        self, prompt: list[int], n: int, max_new_tokens: int, **decode_args: Any
+    ) -> GenerationOutput:
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        greedy = decode_args.get("temperature", 0.0) == 0
+        out = self.generate([prompt] * (1 if greedy else n), max_new_tokens=max_new_tokens, **decode_args)
+        if greedy and n > 1:  # identical by construction: decode once
+            out = GenerationOutput(
+                out.ids * n, out.step_map * n, out.confidences * n, out.finished * n, out.steps
+            )
+        return out
+
+    def infill(
+        self,
+        prefix: str,
+        suffix: str,
+        *,
+        context: str | None = None,
+        n: int = 1,
+        max_new_tokens: int = 256,
+        **decode_args: Any,
+    ) -> list[Completion]:
+        """Fill the middle between ``prefix`` and ``suffix`` (DICE infilling prompt, response pre-filled with
+        the prefix); generation stops when the suffix's first line appears. Returns the middles only."""
+        prompt, response_prefix = infill_prompt(prefix, suffix, context)
+        ids = self.tokenizer.encode(prompt + response_prefix)
+
+        def reached_suffix(row: int, new_ids: list[int]) -> bool:
+            return extract_middle(self.tokenizer.decode(new_ids), suffix)[1]
+
+        decode_args.setdefault("until", reached_suffix)
+        out = self._sample_n(ids, n, max_new_tokens, **decode_args)
+        texts, ids_out, finished = [], [], []
+        for row_ids, done in zip(out.ids, out.finished, strict=True):
+            middle, found = extract_middle(self.tokenizer.decode(row_ids), suffix)
+            texts.append(middle)
+            finished.append(found or done)
+            ids_out.append(row_ids)
+        out = GenerationOutput(ids_out, out.step_map, out.confidences, finished, out.steps)
+        return self._completions(out, texts)
+
+    def generate_program(
+        self,
+        ref_src: str,
+        *,
+        n: int = 1,
+        max_new_tokens: int = 4096,
+        variant: str = "eval",
+        **decode_args: Any,
+    ) -> list[Completion]:
+        """Whole-program generation with DICE's KernelBench one-shot prompt; text = the full answer."""
+        ids = self.tokenizer.encode(kernelbench_prompt(ref_src, variant=variant))
+        out = self._sample_n(ids, n, max_new_tokens, **decode_args)
+        return self._completions(out, [self.tokenizer.decode(row) for row in out.ids])
+
+
+def load_engine(
+    path: str | Path | None = None,
+    *,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    cuda_graphs: bool | None = None,
+    compile: bool = False,
+) -> Engine:
+    """Load a DICE/SDAR checkpoint folder (None: $DICE_MODEL, else the embedded dice-tiny).
+
+    device None/"auto": CUDA when available. dtype None: the checkpoint's bf16/fp16 on CUDA (bf16 when it is
+    stored in float32), float32 on CPU.
+    """
+    folder = resolve_model_path(path)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: checkpoint folder not found")
+    dev = _resolve_device(device)
+    target = parse_dtype(dtype)
+    if target is None:
+        stored = parse_dtype(ModelConfig.from_json(folder).torch_dtype or "bfloat16")
+        target = (
+            (stored if stored in (torch.bfloat16, torch.float16) else torch.bfloat16)
+            if dev.type == "cuda"
+            else torch.float32
+        )
+    model = load_model(folder, device=dev, dtype=target)
+    tokenizer = load_tokenizer(folder, mask_id=model.config.mask_token_id)
+    return Engine(model, tokenizer, name=folder.name, path=folder, cuda_graphs=cuda_graphs, compile=compile)
