@@ -34,6 +34,7 @@ from dice.cuda_source.document import (
     _function_declarator,
     _kind_from_specifiers,
     _qualifier_macros,
+    _scan_scopes,
 )
 from dice.cuda_source.positions import _LINE_BREAK, PositionIndex, decode_bytes, encode_text
 
@@ -118,9 +119,8 @@ def extract_device_code(text: str) -> DeviceCode:
         text = bytes(text).decode("utf-8", "replace")
     data = encode_text(text)
     root = parse_bytes(data).root_node
-    extractor = _Extractor(data, _qualifier_macros(root, data))
-    for child in root.children:
-        extractor.visit(child)
+    extractor = _Extractor(data, _qualifier_macros(_scan_scopes(root).macros, data))
+    extractor.run(root)
     extractor.finish(root)
     source, line_map = _apply(data, sorted(extractor.edits, key=lambda e: (e[0], e[1])))
     return DeviceCode(source=source, line_map=line_map, has_host_code=extractor.has_host_code,
@@ -138,7 +138,14 @@ class _Extractor:
         self._std_aliased = False
         self._twins: list[tuple[int, int, str, str]] = []
 
-    def visit(self, node: tree_sitter.Node) -> None:
+    def run(self, root: tree_sitter.Node) -> None:
+        # An explicit stack, not recursion: `#if` blocks nest as deep as the user likes.
+        stack = list(root.children)
+        while stack:
+            stack.extend(self.visit(stack.pop()))
+
+    def visit(self, node: tree_sitter.Node) -> list[tree_sitter.Node]:
+        """Decide about one namespace-scope item; returns the items nested in it to visit next."""
         kind = node.type
         if kind == "preproc_include":
             self._include(node)
@@ -149,23 +156,20 @@ class _Extractor:
         elif kind == "declaration":
             self._declaration(node, node)
         elif kind in _CONTAINERS:
-            for child in node.named_children:
-                self.visit(child)
+            return node.named_children
         elif kind == "namespace_definition":
             body = node.child_by_field_name("body")
-            for child in body.named_children if body is not None else ():
-                self.visit(child)
+            return body.named_children if body is not None else []
         elif kind == "linkage_specification":
             body = node.child_by_field_name("body")
             if body is not None and body.type == "declaration_list":
-                for child in body.named_children:
-                    self.visit(child)
-            elif body is not None:
-                self.visit(body)
+                return body.named_children
+            return [body] if body is not None else []
         elif kind == "using_declaration":
             words = node_text(self.data, node).replace(";", " ").replace("::", " ").split()
             if len(words) >= 3 and words[1] == "namespace" and words[2] in _HOST_NAMESPACES:
                 self._drop(node)
+        return []
         # Everything else (macros, typedefs, structs, comments, ERROR nodes of half-typed code) stays:
         # NVRTC's own diagnostics are the right answer for broken code.
 

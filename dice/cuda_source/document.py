@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import tree_sitter
 
-from dice.cuda_source._parser import ERROR_QUERY, MACRO_QUERY, function_nodes, node_text, parse_bytes
+from dice.cuda_source._parser import COMMENT_QUERY, node_text, parse_bytes
 from dice.cuda_source.positions import PositionIndex, Range, encode_text
 
 FunctionKind = Literal["global", "device", "host"]
@@ -38,6 +38,14 @@ _DECL_SPECIFIER_TYPES = _EXECUTION_SPACES | {
     "virtual", "attribute_specifier", "attribute_declaration", "placeholder_type_specifier", "identifier",
     "struct_specifier", "class_specifier", "enum_specifier", "explicit_function_specifier",
 }
+# Nodes whose children may be definitions: namespace and class scopes, linkage and #if blocks, and ERROR
+# nodes (a half-typed definition leaves its pieces, and often the definitions after it, inside one).
+_SCOPE_TYPES = frozenset({
+    "translation_unit", "declaration_list", "namespace_definition", "linkage_specification", "preproc_if",
+    "preproc_ifdef", "preproc_else", "preproc_elif", "preproc_elifdef", "ERROR", "class_specifier",
+    "struct_specifier", "union_specifier", "field_declaration_list", "declaration", "field_declaration",
+})
+_MANY_HITS = 256
 _DECLARATOR_WRAPPERS = {"pointer_declarator", "reference_declarator", "attributed_declarator",
                         "parenthesized_declarator"}
 
@@ -121,11 +129,12 @@ def parse_document(text: str | bytes) -> CudaDocument:
     index = PositionIndex(data)
     tree = parse_bytes(data)
     root = tree.root_node
-    qualifier_macros = _qualifier_macros(root, data)
-    functions = [info for node in function_nodes(root) if (info := _function_info(node, data,
-                                                                                     qualifier_macros))]
-    if root.has_error:
-        functions = _merge_functions(functions, _recover_functions(root, data, qualifier_macros))
+    scope = _scan_scopes(root)
+    qualifier_macros = _qualifier_macros(scope.macros, data)
+    functions = [info for node, top in scope.functions
+                 if (info := _function_info(node, top, data, qualifier_macros))]
+    functions += _recover_functions(scope.errors, data, qualifier_macros)
+    functions.sort(key=lambda f: (f.start_byte, -f.end_byte))  # outer before inner, as _innermost needs
     masks: list[Mask] = []
     for node in _comments_containing(root, data, b"<MASK"):
         mask = _mask_from_comment(node, data, len(masks), index, functions)
@@ -164,15 +173,23 @@ def _comments_containing(root: tree_sitter.Node, data: bytes, needle: bytes) -> 
     Searching the bytes first and asking the tree which token covers each hit keeps a 5 MB file with a
     few masks cheap; the tree decides whether the hit is in a comment, a string or code.
     """
-    found: list[tree_sitter.Node] = []
-    seen: set[int] = set()
+    hits: list[int] = []
     start = data.find(needle)
     while start != -1:
+        hits.append(start)
+        start = data.find(needle, start + len(needle))
+    if len(hits) > _MANY_HITS:
+        # Each descendant lookup scans siblings; with thousands of hits one pass over all comments is cheaper.
+        comments = tree_sitter.QueryCursor(COMMENT_QUERY).captures(root).get("comment", [])
+        return sorted((c for c in comments if needle in data[c.start_byte : c.end_byte]),
+                      key=lambda c: c.start_byte)
+    found: list[tree_sitter.Node] = []
+    seen: set[int] = set()
+    for start in hits:
         node = root.descendant_for_byte_range(start, start + len(needle))
         if node is not None and node.type == "comment" and node.start_byte not in seen:
             seen.add(node.start_byte)
             found.append(node)
-        start = data.find(needle, start + len(needle))
     return found
 
 
@@ -229,19 +246,49 @@ def _spec_from_comment(node: tree_sitter.Node, data: bytes, positions: PositionI
 # ------------------------------------------------------------------------------------------- functions
 
 
-def _qualifier_macros(root: tree_sitter.Node, data: bytes) -> dict[str, frozenset[str]]:
+@dataclass
+class _Scopes:
+    functions: list[tuple[tree_sitter.Node, tree_sitter.Node]] = field(default_factory=list)  # (fn, outer)
+    errors: list[tree_sitter.Node] = field(default_factory=list)
+    macros: list[tree_sitter.Node] = field(default_factory=list)  # preproc_def nodes
+
+
+def _scan_scopes(root: tree_sitter.Node) -> _Scopes:
+    """Function definitions, ERROR nodes and ``#define``s at namespace or class scope.
+
+    Walking only the scopes that can hold definitions (never statement bodies) costs one visit per
+    top-level item, and stays fast on pathological nesting where tree-sitter queries go quadratic.
+    """
+    found = _Scopes()
+    stack: list[tuple[tree_sitter.Node, tree_sitter.Node | None]] = [(root, None)]
+    while stack:
+        node, template = stack.pop()
+        if node.type == "ERROR":
+            found.errors.append(node)
+        for child in node.children:
+            kind = child.type
+            if kind == "function_definition":
+                found.functions.append((child, template or child))
+            elif kind == "template_declaration":
+                stack.append((child, template or child))
+            elif kind == "preproc_def":
+                found.macros.append(child)
+            elif kind in _SCOPE_TYPES:
+                stack.append((child, None))
+    return found
+
+
+def _qualifier_macros(defines: list[tree_sitter.Node], data: bytes) -> dict[str, frozenset[str]]:
     """Object-like macros that expand only to qualifiers, e.g. ``#define HD __host__ __device__``."""
     macros: dict[str, frozenset[str]] = {}
-    if b"#define" not in data:
-        return macros
-    for _, captures in tree_sitter.QueryCursor(MACRO_QUERY).matches(root):
-        names, values = captures.get("name", []), captures.get("value", [])
-        if not names or not values:
+    for define in defines:
+        name, value = define.child_by_field_name("name"), define.child_by_field_name("value")
+        if name is None or value is None:
             continue
-        words = node_text(data, values[0]).split()
+        words = node_text(data, value).split()
         if (words and all(w in _QUALIFIER_WORDS or w.startswith("__launch_bounds__") for w in words)
                 and _EXECUTION_SPACES.intersection(words)):
-            macros[node_text(data, names[0])] = frozenset(words)
+            macros[node_text(data, name)] = frozenset(words)
     return macros
 
 
@@ -282,17 +329,20 @@ def _signature(data: bytes, start: int, end: int) -> str:
     return " ".join(data[start:end].decode("utf-8", "replace").split())
 
 
-def _function_info(node: tree_sitter.Node, data: bytes,
+def _function_info(node: tree_sitter.Node, top: tree_sitter.Node, data: bytes,
                    macros: dict[str, frozenset[str]]) -> FunctionInfo | None:
+    """``top`` is the outermost ``template_declaration`` around ``node``, or ``node`` itself."""
     declarator = _function_declarator(node.child_by_field_name("declarator"))
     if declarator is None:
         return None
     name_node = declarator.child_by_field_name("declarator")
     name = node_text(data, name_node) if name_node is not None else node_text(data, declarator)
-    top = node
-    while top.parent is not None and top.parent.type == "template_declaration":
-        top = top.parent
-    specifiers = [c for c in node.children if c.end_byte <= declarator.start_byte]
+    declarator_start = declarator.start_byte
+    specifiers = []
+    for child in node.children:
+        if child.end_byte > declarator_start:
+            break
+        specifiers.append(child)
     body = node.child_by_field_name("body")
     body_start = body.start_byte if body is not None else node.end_byte
     body_end = body.end_byte if body is not None else node.end_byte
@@ -303,7 +353,7 @@ def _function_info(node: tree_sitter.Node, data: bytes,
     )
 
 
-def _recover_functions(root: tree_sitter.Node, data: bytes,
+def _recover_functions(errors: list[tree_sitter.Node], data: bytes,
                        macros: dict[str, frozenset[str]]) -> list[FunctionInfo]:
     """Functions whose definition tree-sitter could not close, read from the children of ERROR nodes.
 
@@ -312,7 +362,7 @@ def _recover_functions(root: tree_sitter.Node, data: bytes,
     far. The body runs from that ``{`` to its matching ``}`` among the siblings, or to the ERROR's end.
     """
     recovered: list[FunctionInfo] = []
-    for error in tree_sitter.QueryCursor(ERROR_QUERY).captures(root).get("error", []):
+    for error in errors:
         children = error.children
         for i, child in enumerate(children):
             if i + 1 >= len(children) or children[i + 1].type != "{":
@@ -346,11 +396,3 @@ def _recover_functions(root: tree_sitter.Node, data: bytes,
                 body_end_byte=end, recovered=True,
             ))
     return recovered
-
-
-def _merge_functions(parsed: list[FunctionInfo], recovered: list[FunctionInfo]) -> list[FunctionInfo]:
-    """Add recovered functions that do not duplicate a parsed one; keep file order (outer before inner)."""
-    known = {(f.start_byte, f.name) for f in parsed}
-    merged = parsed + [f for f in recovered if (f.start_byte, f.name) not in known]
-    merged.sort(key=lambda f: (f.start_byte, -f.end_byte))
-    return merged
