@@ -63,10 +63,12 @@ async def inline_completion(
                 )
 
         if ticket.cancel.is_set():
-            return []  # superseded by a newer request
+            logger.info("inline %s #%d: superseded", uri, ticket.seq)
+            return []
         if current_version(session.ls.workspace, uri) != snap.version:
             session.log(f"dropped suggestions for a stale version of {uri}")
             return []
+        logger.info("inline %s #%d: %s", uri, ticket.seq, {k: round(v, 3) for k, v in result.stats.items()})
         candidates = _mask_candidates(result, plan.mask_index)
         level = session.settings.validation.level
         usable = [c for c in candidates if is_usable(c.verdict, level)]
@@ -89,7 +91,9 @@ async def inline_completion(
         ticket.cancel.set()
         task = asyncio.current_task()
         if task is not None and getattr(task, "cancelling", lambda: 1)() == 0:
+            logger.info("inline %s #%d: superseded while generating", uri, ticket.seq)
             return []
+        logger.info("inline %s #%d: cancelled by the client", uri, ticket.seq)
         raise
     except Exception as exc:
         if ticket.cancel.is_set():

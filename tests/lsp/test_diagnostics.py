@@ -63,21 +63,21 @@ async def test_masks_are_information_diagnostics(client: LanguageClient, tmp_pat
     assert got == [
         types.Diagnostic(
             range=first,
-            message=f"DICE mask #0 in global function `scale`, up to 8 tokens: {HINT}",
+            message=f"DICE mask #0 in global function `scale`, up to 4 tokens: {HINT}",
             severity=types.DiagnosticSeverity.Information,
             code="mask",
             source="dice",
         ),
         types.Diagnostic(
             range=second,
-            message=f"DICE mask #1 in device function `square`, up to 8 tokens: {HINT}",
+            message=f"DICE mask #1 in device function `square`, up to 4 tokens: {HINT}",
             severity=types.DiagnosticSeverity.Information,
             code="mask",
             source="dice",
         ),
     ]
     # an edit that removes one mask updates the diagnostics
-    replace_document(client, uri, TWO_MASKS.replace("// <MASK:8>", "return v * v;"), version=2)
+    replace_document(client, uri, TWO_MASKS.replace("// <MASK:4>", "return v * v;"), version=2)
     got = await wait_diagnostics(client, uri, lambda d: len(d) == 1)
     assert got[0].range == first
 

@@ -172,7 +172,7 @@ async def test_vanished_client_lets_the_server_exit(tmp_path: Path) -> None:
     assert await asyncio.wait_for(server.proc.wait(), WAIT_S) == 1
 
 
-def test_entry_point_options() -> None:
+async def test_entry_point_options() -> None:
     import subprocess
 
     out = subprocess.run([sys.executable, "-m", "lsp_server", "--version"], capture_output=True, text=True)
