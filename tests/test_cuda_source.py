@@ -221,8 +221,8 @@ def test_empty_and_whitespace_files() -> None:
 
 def test_binary_junk_never_raises() -> None:
     rng = random.Random(1234)
-    for _ in range(50):
-        junk = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 3000)))
+    for _ in range(20):
+        junk = rng.randbytes(rng.randrange(1, 3000))
         doc = parse_document(junk + b"\n/* <MASK> */\n" + junk)
         assert len(doc.masks) >= 1 or b"/*" in junk or b"//" in junk or b'"' in junk or b"'" in junk
         for mask in doc.masks:
