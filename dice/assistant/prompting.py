@@ -15,12 +15,6 @@ from dice.cuda_source.positions import decode_bytes
 if TYPE_CHECKING:
     from dice.cuda_source import CudaDocument
 
-# Code averages 3-4 characters per BPE token; 3 keeps a trimmed prompt inside the context window.
-CHARS_PER_TOKEN = 3
-# Tokens the chat template and instructions take around prefix, suffix and context.
-TEMPLATE_TOKENS = 256
-
-
 @dataclass(frozen=True)
 class Hole:
     """A span of the document to fill: an explicit mask comment, or a zero-width cursor position.
@@ -59,13 +53,17 @@ def build_infill_request(
     hole: Hole,
     *,
     default_max_new_tokens: int,
-    context_tokens: int | None,
+    budget_chars: int | None,
+    prefix_weight: int = 2,
 ) -> InfillRequest:
-    """The prompt pieces for ``hole``. ``context_tokens`` is the model's context length (None: unlimited).
+    """The prompt pieces for ``hole``; ``budget_chars`` caps ``prefix_weight * len(prefix) + len(suffix)``
+    in UTF-8 bytes (None: no cap). The weight is 2 because DICE's infilling format shows the prefix twice
+    (in the question, and again as the pre-filled start of the answer).
 
     A ``<MASK:N>`` budget caps the new tokens at N. The dice-spec comment is cut out of prefix/suffix when
     it is passed as context (it would otherwise appear twice); every other byte of the file, other masks
-    included, stays as written.
+    included, stays as written. When the file does not fit, the enclosing function is kept whole (if it
+    fits) and the rest of the file is cut at line boundaries, more of it before the hole than after.
     """
     data = doc.data
     max_new = min(hole.budget, default_max_new_tokens) if hole.budget else default_max_new_tokens
@@ -85,12 +83,8 @@ def build_infill_request(
     keep_before = fstart - _overlap((0, fstart), cut)
     keep_after = (fend - hole.end_byte) - _overlap((hole.end_byte, fend), cut)
 
-    if context_tokens is not None:
-        budget_tokens = context_tokens - max_new - TEMPLATE_TOKENS
-        if context is not None:
-            budget_tokens -= len(context) // CHARS_PER_TOKEN
-        budget_chars = max(0, budget_tokens * CHARS_PER_TOKEN)
-        before, after = _trim(before, after, budget_chars, keep_before, keep_after)
+    if budget_chars is not None:
+        before, after = _trim(before, after, max(0, budget_chars), keep_before, keep_after, prefix_weight)
 
     return InfillRequest(
         prefix=decode_bytes(before),
@@ -104,26 +98,29 @@ def _overlap(a: tuple[int, int], b: tuple[int, int]) -> int:
     return max(0, min(a[1], b[1]) - max(a[0], b[0]))
 
 
-def _trim(before: bytes, after: bytes, budget: int, keep_before: int, keep_after: int) -> tuple[bytes, bytes]:
-    """Cut ``before`` from the left and ``after`` from the right, at line boundaries, to ``budget`` bytes.
+def _trim(
+    before: bytes, after: bytes, budget: int, keep_before: int, keep_after: int, weight: int
+) -> tuple[bytes, bytes]:
+    """Cut ``before`` from the left and ``after`` from the right, at line boundaries, so that
+    ``weight * len(before) + len(after) <= budget``.
 
     ``before[keep_before:]`` and ``after[:keep_after]`` (the enclosing function) are kept whole when they fit;
-    the remaining budget goes two thirds to the text before the hole, which matters more for a fill.
+    the spare budget goes two thirds to the text before the hole, which matters more for a fill.
     """
-    if len(before) + len(after) <= budget:
+    if weight * len(before) + len(after) <= budget:
         return before, after
     must_before = len(before) - keep_before
     must_after = keep_after
-    if must_before + must_after > budget:
+    if weight * must_before + must_after > budget:
         # the function alone is too long: keep the text nearest the hole
-        share_before = min(must_before, (2 * budget) // 3)
-        share_after = min(must_after, budget - share_before)
-        share_before = min(must_before, budget - share_after)
+        share_before = min(must_before, (2 * budget) // (3 * weight))
+        share_after = min(must_after, budget - weight * share_before)
+        share_before = min(must_before, (budget - share_after) // weight)
     else:
-        spare = budget - must_before - must_after
-        extra_before = min(keep_before, (2 * spare) // 3)
-        extra_after = min(len(after) - must_after, spare - extra_before)
-        extra_before = min(keep_before, spare - extra_after)
+        spare = budget - weight * must_before - must_after
+        extra_before = min(keep_before, (2 * spare) // (3 * weight))
+        extra_after = min(len(after) - must_after, spare - weight * extra_before)
+        extra_before = min(keep_before, (spare - extra_after) // weight)
         share_before = must_before + extra_before
         share_after = must_after + extra_after
     return _tail_at_line(before, share_before), _head_at_line(after, share_after)

@@ -98,6 +98,13 @@ class _LRU(Generic[K, V]):
 class _Fill:
     text: str
     confidence: float
+    tokens: int | None = None
+
+    @classmethod
+    def of(cls, completion: Any, text: str | None = None) -> _Fill:
+        ids = getattr(completion, "token_ids", None)
+        return cls(completion.text if text is None else text, float(completion.confidence),
+                   None if ids is None else len(ids))
 
 
 class _Run:
@@ -387,7 +394,7 @@ class AssistantService:
                 steps_per_block=s.steps_per_block, policy=s.policy, threshold=s.threshold,
                 temperature=temperature, seed=seed, on_step=on_step,
             )
-            return [_Fill(extract_program(o.text), float(o.confidence)) for o in outs]
+            return [_Fill.of(o, extract_program(o.text)) for o in outs]
 
         fills = await self._generate(run, lambda: generate(1, 0.0, None))
         if n > 1:
@@ -459,11 +466,7 @@ class AssistantService:
 
         run = _Run(loop, progress, cancel, s.max_latency_ms)
         assert self._engine is not None
-        requests = [
-            build_infill_request(doc, h, default_max_new_tokens=s.max_new_tokens,
-                                 context_tokens=_context_tokens(self._engine))
-            for h in holes
-        ]
+        requests = await asyncio.to_thread(lambda: [self._fit_request(doc, h) for h in holes])
         calls_per_hole = 1 + (1 if n > 1 else 0)
         run.steps_total = sum(calls_per_hole * _steps_for(r.max_new_tokens, s) for r in requests)
 
@@ -510,7 +513,8 @@ class AssistantService:
             kept_verdicts = [verdicts[k] for k in keep]
             order = rank(kept_fills, kept_verdicts, [f.confidence for f in kept_fills])
             ranked = [Candidate(text=kept_fills[k].text, verdict=kept_verdicts[k],
-                                confidence=kept_fills[k].confidence, rank=r) for r, k in enumerate(order)]
+                                confidence=kept_fills[k].confidence, rank=r, tokens=kept_fills[k].tokens)
+                      for r, k in enumerate(order)]
             chosen[hole.index] = ranked[0].text
             best_verdict = ranked[0].verdict
             results.append(MaskCompletion(mask=masks[hole.index], candidates=ranked))
@@ -536,6 +540,39 @@ class AssistantService:
         if not completion.partial:
             self._documents.put(key, completion)
         return completion
+
+    def _fit_request(self, doc: CudaDocument, hole: Hole) -> InfillRequest:
+        """The infilling request for ``hole``, trimmed until the rendered prompt plus the new tokens fit the
+        model's context window (counted with the model's own tokenizer and template)."""
+        s = self.settings
+
+        def build(budget: int | None) -> InfillRequest:
+            return build_infill_request(doc, hole, default_max_new_tokens=s.max_new_tokens,
+                                        budget_chars=budget)
+
+        limit = _context_tokens(self._engine)
+        if limit is None:
+            return build(None)
+        # no BPE token of code averages 16 bytes: this pre-cut only spares tokenizing a huge file
+        req = build(16 * limit)
+        count = _prompt_token_counter(self._engine)
+        if count is None:  # an engine without a tokenizer: assume 3 bytes per token and 2k template tokens
+            return build(3 * (limit - req.max_new_tokens - 2048))
+        fixed = count(InfillRequest("", "", req.context, req.max_new_tokens))
+        available = limit - req.max_new_tokens - fixed
+        if available <= 0:
+            what = "the instructions and the dice-spec reference" if req.context else "the instructions"
+            raise ValueError(
+                f"{what} take {fixed} tokens and {req.max_new_tokens} new tokens are asked for: "
+                f"more than the model's context window ({limit} tokens)"
+            )
+        for _ in range(8):
+            used = count(req) - fixed
+            if used <= available:
+                return req
+            size = 2 * len(encode_text(req.prefix)) + len(encode_text(req.suffix))
+            req = build(int(size * available / used * 0.9))
+        return req
 
     async def _in_model_thread(self, fn: Callable[[], V], run: _Run) -> V:
         if self._closed:
@@ -586,7 +623,7 @@ class AssistantService:
                 req.prefix, req.suffix, context=req.context, n=count, max_new_tokens=req.max_new_tokens,
                 on_step=run.on_step_factory(respect_deadline=respect_deadline, message=label), **decode,
             )
-            return [_Fill(o.text, float(o.confidence)) for o in outs]
+            return [_Fill.of(o) for o in outs]
 
         try:
             fills = await self._generate(run, work)
@@ -692,6 +729,20 @@ def _steps_for(max_new_tokens: int, settings: AssistantSettings) -> int:
     return blocks * settings.steps_per_block
 
 
+def _prompt_token_counter(engine: Any) -> Callable[[InfillRequest], int] | None:
+    """Counts the tokens ``engine.infill`` would feed the model for a request (None: cannot tell)."""
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is None:
+        return None
+    from engine.prompts import infill_prompt
+
+    def count(req: InfillRequest) -> int:
+        prompt, response_prefix = infill_prompt(req.prefix, req.suffix, req.context)
+        return len(tokenizer.encode(prompt + response_prefix))
+
+    return count
+
+
 def _context_tokens(engine: Any) -> int | None:
     value = getattr(engine.config, "max_position_embeddings", None)
     return int(value) if value else None
@@ -704,7 +755,7 @@ def _dedupe(fills: list[_Fill]) -> list[_Fill]:
         if f.text in out:
             out[f.text].confidence = max(out[f.text].confidence, f.confidence)
         else:
-            out[f.text] = _Fill(f.text, f.confidence)
+            out[f.text] = dataclasses.replace(f)
     return list(out.values())
 
 

@@ -114,12 +114,14 @@ class Candidate:
     verdict: Verdict | None
     confidence: float
     rank: int
+    tokens: int | None = None  # new tokens the model generated for it (None when the engine does not say)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "rank": self.rank,
             "text": self.text,
             "confidence": self.confidence,
+            "tokens": self.tokens,
             "verdict": None if self.verdict is None else self.verdict.to_json(),
         }
 

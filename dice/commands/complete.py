@@ -73,7 +73,9 @@ def _lines(text: str) -> list[str]:
 
 
 def unified_diff(path: Path, before: str, after: str) -> str:
-    lines = difflib.unified_diff(_lines(before), _lines(after), fromfile=f"a/{path}", tofile=f"b/{path}")
+    # git's a/ b/ prefixes for relative paths (so `git apply` / `patch -p1` take it); absolute paths as is
+    old, new = (str(path), str(path)) if path.is_absolute() else (f"a/{path}", f"b/{path}")
+    lines = difflib.unified_diff(_lines(before), _lines(after), fromfile=old, tofile=new)
     out = []
     for line in lines:
         out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")

@@ -13,7 +13,7 @@ from dice.cuda_source import parse_document
 
 from .conftest import BAD_SCALE, GOOD_SCALE, GOOD_SQUARE, TWO_MASKS, ScriptedEngine
 
-CANDIDATE_KEYS = {"rank", "text", "confidence", "verdict"}
+CANDIDATE_KEYS = {"rank", "text", "confidence", "tokens", "verdict"}
 VERDICT_KEYS = {"status", "compiled", "correct", "speedup", "ref_ms", "new_ms", "max_abs_err", "message",
                 "log"}
 
@@ -77,10 +77,10 @@ def _scripted(monkeypatch: pytest.MonkeyPatch, fills: Any) -> ScriptedEngine:
 
 def test_complete_prints_a_unified_diff(tiny_checkpoint, shared_pool, cu_file, capsys) -> None:
     code = main(["complete", str(cu_file), "--model", str(tiny_checkpoint), "--candidates", "1",
-                 "--max-new-tokens", "16", "--validation", "compile"])
+                 "--max-new-tokens", "6", "--validation", "compile"])
     out, err = capsys.readouterr()
     assert code == 0
-    assert out.startswith(f"--- a/{cu_file}\n+++ b/{cu_file}\n@@ ")
+    assert out.startswith(f"--- {cu_file}\n+++ {cu_file}\n@@ ")  # tmp_path is absolute
     assert "-    /* <MASK> */" in out and "-    // <MASK:16>" in out
     assert "Model: " in err and "on cpu" in err and "parameters" in err
     assert "No CUDA GPU" not in err  # compile-only validation was asked for: nothing to apologise for
@@ -90,7 +90,7 @@ def test_complete_prints_a_unified_diff(tiny_checkpoint, shared_pool, cu_file, c
 def test_complete_json_lists_every_candidate_with_its_verdict(tiny_checkpoint, shared_pool, cu_file,
                                                               capsys) -> None:
     code = main(["complete", str(cu_file), "--model", str(tiny_checkpoint), "--candidates", "2",
-                 "--max-new-tokens", "16", "--validation", "compile", "--json", "--quiet"])
+                 "--max-new-tokens", "6", "--validation", "compile", "--json", "--quiet"])
     out, err = capsys.readouterr()
     assert code == 0 and err == ""
     payload = json.loads(out)
@@ -181,7 +181,7 @@ def test_generate_writes_the_best_program_with_its_verdict(tiny_checkpoint, tmp_
     ref.write_text(KB_REF)
     out_file = tmp_path / "add_new.py"
     code = main(["generate", str(ref), "--model", str(tiny_checkpoint), "--samples", "2",
-                 "--max-new-tokens", "16", "--validation", "none", "--out", str(out_file), "--json"])
+                 "--max-new-tokens", "6", "--validation", "none", "--out", str(out_file), "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err
     payload = json.loads(out)

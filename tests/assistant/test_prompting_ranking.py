@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dice.assistant import rank
-from dice.assistant.prompting import CHARS_PER_TOKEN, TEMPLATE_TOKENS, Hole, build_infill_request
+from dice.assistant.prompting import Hole, build_infill_request
 from dice.cuda_source import parse_document
 from dice.validator import Verdict
 
@@ -30,7 +30,7 @@ def _hole(text: str, index: int = 0) -> tuple[object, Hole]:
 
 def test_spec_goes_to_context_not_twice_into_the_prompt() -> None:
     doc, hole = _hole(SPEC_FILE)
-    req = build_infill_request(doc, hole, default_max_new_tokens=256, context_tokens=None)
+    req = build_infill_request(doc, hole, default_max_new_tokens=256, budget_chars=None)
     assert "def reference(x):" in req.context and "dice-spec" in req.context
     assert "def reference" not in req.prefix and "dice-spec" not in req.prefix
     assert req.prefix.endswith("threadIdx.x;\n    ") and req.prefix.startswith("\n__global__ void twice(")
@@ -40,7 +40,7 @@ def test_spec_goes_to_context_not_twice_into_the_prompt() -> None:
 
 def test_budget_never_exceeds_the_default_cap() -> None:
     doc, hole = _hole("__global__ void k(float* y) {\n    /* <MASK:5000> */\n}\n")
-    req = build_infill_request(doc, hole, default_max_new_tokens=256, context_tokens=None)
+    req = build_infill_request(doc, hole, default_max_new_tokens=256, budget_chars=None)
     assert req.max_new_tokens == 256 and req.context is None
 
 
@@ -54,16 +54,20 @@ def test_long_file_is_trimmed_around_the_enclosing_kernel() -> None:
               "}\n")
     text = filler + kernel + filler
     doc, hole = _hole(text)
-    context_tokens = 1024
-    req = build_infill_request(doc, hole, default_max_new_tokens=128, context_tokens=context_tokens)
-    budget_chars = (context_tokens - 128 - TEMPLATE_TOKENS) * CHARS_PER_TOKEN
-    assert len(req.prefix.encode()) + len(req.suffix.encode()) <= budget_chars
-    # the whole kernel is there, and the cut falls on line boundaries of the rest of the file
+    budget = 3000
+    req = build_infill_request(doc, hole, default_max_new_tokens=128, budget_chars=budget)
+    # the prefix counts twice: DICE's format repeats it as the start of the answer
+    assert 2 * len(req.prefix.encode()) + len(req.suffix.encode()) <= budget
+    # the whole kernel is there, and the cuts fall on line boundaries of the rest of the file
     assert "__global__ void target(const float* x, float* y, int n) {\n    int i =" in req.prefix
     assert req.suffix.startswith("\n    y[i] = y[i] + 1.0f;\n}\n__device__ float f0(")
     assert req.prefix.startswith("__device__ float f") and req.suffix.endswith("// héllo\n")
-    # more of the budget goes before the hole than after it
-    assert len(req.prefix) > len(req.suffix)
+    assert 2 * len(req.prefix.encode()) + len(req.suffix.encode()) > budget - 2 * 80  # at most a line lost
+    # a budget smaller than the kernel keeps the text nearest the hole
+    tight = build_infill_request(doc, hole, default_max_new_tokens=128, budget_chars=200)
+    assert tight.prefix == "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    "
+    assert tight.suffix == "\n    y[i] = y[i] + 1.0f;\n"
+    assert 2 * len(tight.prefix.encode()) + len(tight.suffix.encode()) <= 200
 
 
 def _v(status: str, *, speedup: float | None = None) -> Verdict:

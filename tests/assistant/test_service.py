@@ -176,9 +176,10 @@ async def test_cancel_stops_within_one_denoising_step(tiny_engine) -> None:
     assert engine.steps <= seen_at_cancel[0] + 1
     assert engine.calls == 1  # the second mask was never started
 
-    # the model thread is free again: a new request runs to the end
+    # the model thread is free again: a new (short) request runs to the end
+    service.update_settings(settings.replace(max_new_tokens=4))
     result = await service.complete_document(TWO_MASKS, mask_indices=[1])
-    assert len(result.masks) == 1 and not result.from_cache
+    assert len(result.masks) == 1 and not result.from_cache and result.masks[0].candidates[0].tokens <= 4
 
 
 async def test_cancelling_the_task_stops_the_model_thread(tiny_engine) -> None:
@@ -194,28 +195,30 @@ async def test_cancelling_the_task_stops_the_model_thread(tiny_engine) -> None:
     at_cancel = engine.steps
     await asyncio.sleep(0.2)  # twenty steps' worth: a thread that kept decoding would show here
     assert engine.steps <= at_cancel + 1
-    # the model thread is free: the next request runs to the end
+    # the model thread is free: the next (short) request runs to the end
+    service.update_settings(settings.replace(max_new_tokens=4))
     result = await service.complete_document(TWO_MASKS, mask_indices=[1])
     assert engine.calls == 2 and len(result.masks) == 1
 
 
 async def test_tiny_model_end_to_end(tiny_engine, validator_pool) -> None:
+    text = TWO_MASKS.replace("<MASK:16>", "<MASK:5>")
     settings = AssistantSettings(candidates=2, validation_level="compile", max_latency_ms=0,
-                                 max_new_tokens=24)
+                                 max_new_tokens=10)
     service = AssistantService(settings, engine=tiny_engine, validator=validator_pool)
-    result = await service.complete_document(TWO_MASKS)
-    doc = parse_document(TWO_MASKS)
+    result = await service.complete_document(text)
+    doc = parse_document(text)
     assert len(result.masks) == 2
     for mc in result.masks:
         assert 1 <= len(mc.candidates) <= 2
         assert [c.rank for c in mc.candidates] == list(range(len(mc.candidates)))
         for c in mc.candidates:
             assert c.verdict is not None and c.verdict.status in ("compiled", "compile_error")
-    # the <MASK:16> budget holds for every candidate, counted in the model's own tokens
-    for c in result.masks[1].candidates:
-        assert len(tiny_engine.tokenizer.encode(c.text)) <= 16 + 1  # +1: a re-tokenised boundary may split
+    # max_new_tokens caps the first hole, the <MASK:5> budget the second: counted in the model's tokens
+    assert all(c.tokens is not None and 1 <= c.tokens <= 10 for c in result.masks[0].candidates)
+    assert all(c.tokens is not None and 1 <= c.tokens <= 5 for c in result.masks[1].candidates)
     # best_text is the file with exactly the two comments replaced
-    data, best = TWO_MASKS.encode(), result.best_text.encode()
+    data, best = text.encode(), result.best_text.encode()
     m0, m1 = doc.masks
     f0, f1 = (mc.candidates[0].text.encode() for mc in result.masks)
     assert best == data[: m0.start_byte] + f0 + data[m0.end_byte : m1.start_byte] + f1 + data[m1.end_byte :]
