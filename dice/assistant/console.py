@@ -88,7 +88,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, count_flag: str, 
     parser.add_argument("--device", default=d.device, help="auto, cpu, cuda or cuda:N (default auto)")
     parser.add_argument("--validation", choices=["none", "compile", "run"], default=d.validation_level,
                         help="compile only, or also run and time against the reference when a GPU exists")
-    parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, metavar="N")
+    parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, metavar="N",
+                        help="most new tokens per candidate (a <MASK:N> budget lowers it for its mask)")
     parser.add_argument("--block-size", type=int, default=d.block_size, metavar="N")
     parser.add_argument("--steps-per-block", type=int, default=d.steps_per_block, metavar="N")
     parser.add_argument("--policy", choices=["static", "dynamic", "entropy"], default=d.policy)

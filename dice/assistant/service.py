@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from dice.assistant.prompting import Hole, InfillRequest, build_infill_request
 from dice.assistant.ranking import rank
 from dice.assistant.types import (
+    PROGRAM_MAX_NEW_TOKENS,
     AssistantSettings,
     Candidate,
     DocumentCompletion,
@@ -366,23 +367,31 @@ class AssistantService:
         ref_src: str,
         *,
         samples: int | None = None,
+        max_new_tokens: int | None = None,
         progress: ProgressCallback | None = None,
         cancel: asyncio.Event | None = None,
     ) -> list[RankedProgram]:
         """Whole ``ModelNew`` programs for a KernelBench-format reference, each validated with the KernelBench
-        path, best first. Sample 0 is greedy, the others sampled."""
+        path, best first. Sample 0 is greedy, the others sampled. ``max_new_tokens`` defaults to
+        PROGRAM_MAX_NEW_TOKENS (a whole program is far longer than a fill) and is capped by what the
+        model's context window leaves after the prompt. No latency budget applies to whole programs.
+
+        Raises ``ValueError`` (``dice.validator.InvalidReference``) when ``ref_src`` is not KernelBench
+        format.
+        """
         s = self.settings
         n = samples or s.candidates
         loop = asyncio.get_running_loop()
         run = _Run(loop, progress, cancel, 0)
         await self.load(progress)
-        key = _sha("program", ref_src, n, s.decode_key(), s.validation_level, self._model_key())
+        requested = max_new_tokens or PROGRAM_MAX_NEW_TOKENS
+        budget = await asyncio.to_thread(self._program_budget, ref_src, requested)
+        key = _sha("program", ref_src, n, budget, s.decode_key(), s.validation_level, self._model_key())
         cached = self._programs.get(key)
         if cached is not None:
             self.stats["document_cache_hits"] += 1
             return list(cached)
 
-        budget = s.max_new_tokens
         calls = 1 + (1 if n > 1 else 0)
         run.steps_total = calls * _steps_for(budget, s)
 
@@ -404,7 +413,8 @@ class AssistantService:
         verdicts: list[Verdict | None] = [None] * len(fills)
         if s.validation_level != "none":
             pool = self._pool()
-            futures = [pool.submit_kernelbench(ref_src, f.text) for f in fills]
+            timing = s.validation_level == "run"
+            futures = [pool.submit_kernelbench(ref_src, f.text, timing=timing) for f in fills]
             verdicts = await self._await_verdicts(run, futures, [None] * len(fills), required=set(),
                                                   label="validating programs")
         order = rank(fills, verdicts, [f.confidence for f in fills])
@@ -412,6 +422,20 @@ class AssistantService:
                   for i in order if s.validation_level == "none" or verdicts[i] is not None]
         self._programs.put(key, result)
         return list(result)
+
+    def _program_budget(self, ref_src: str, requested: int) -> int:
+        limit = _context_tokens(self._engine)
+        tokenizer = getattr(self._engine, "tokenizer", None)
+        if limit is None or tokenizer is None:
+            return requested
+        from engine.prompts import kernelbench_prompt
+
+        prompt_tokens = len(tokenizer.encode(kernelbench_prompt(ref_src)))
+        room = limit - prompt_tokens
+        if room < 1:
+            raise ValueError(f"the KernelBench prompt for this reference takes {prompt_tokens} tokens: more "
+                             f"than the model's context window ({limit} tokens)")
+        return min(requested, room)
 
     async def validate_document(self, text: str) -> Verdict:
         """Compile the file's device code; run and time it against its dice-spec when there is a GPU."""

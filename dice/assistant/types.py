@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 ValidationLevel = Literal["none", "compile", "run"]
 Stage = Literal["loading", "generating", "validating"]
 
+# Default new-token budget of a whole generated program (DICE evaluates with up to 4096).
+PROGRAM_MAX_NEW_TOKENS = 2048
+
 _POLICIES = ("static", "dynamic", "entropy")
 _DEVICES = ("auto", "cpu", "cuda")
 _LEVELS = ("none", "compile", "run")

@@ -133,7 +133,10 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"Filling {len(doc.masks)} mask{plural} in {path}, {settings.candidates} candidate"
                       f"{'s' if settings.candidates != 1 else ''} each.")
         with ProgressDisplay(console, enabled=not args.quiet) as display:
-            result = asyncio.run(service.complete_document(text, progress=display))
+            try:
+                result = asyncio.run(service.complete_document(text, progress=display))
+            except ValueError as exc:  # e.g. a dice-spec reference too long for the model's context
+                raise CliError(f"{path}: {exc}") from exc
 
     for mc in result.masks:
         best = mc.best

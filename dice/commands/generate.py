@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 
+from dice.assistant.types import PROGRAM_MAX_NEW_TOKENS
 from dice.cli import CliError
 
 
@@ -26,6 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("ref", type=Path, metavar="REF.py", help="KernelBench-format PyTorch reference")
     add_settings_arguments(parser, count_flag="--samples", count_default=4)
+    parser.set_defaults(max_new_tokens=PROGRAM_MAX_NEW_TOKENS)  # a whole program, not a fill
     parser.add_argument("--out", type=Path, metavar="FILE",
                         help="where to write the best program (default: REF_dice.py beside REF.py)")
     parser.add_argument("--force", action="store_true", help="overwrite --out if it exists")
@@ -100,7 +102,11 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"Generating {settings.candidates} sample{'s' if settings.candidates != 1 else ''} "
                       f"for {ref}.")
         with ProgressDisplay(console, enabled=not args.quiet) as display:
-            programs = asyncio.run(service.generate_kernel(source, progress=display))
+            try:
+                programs = asyncio.run(service.generate_kernel(
+                    source, max_new_tokens=args.max_new_tokens, progress=display))
+            except ValueError as exc:  # the validator's reference check, or a prompt too long for the model
+                raise CliError(f"{ref}: {exc}") from exc
 
     if not programs:
         raise CliError("the model produced no program", code=1)
