@@ -26,6 +26,8 @@ export interface ServerHandle {
     /** Asks the server to shut down and exit; kills it after the client's grace period. */
     stop(): Promise<void>;
     readonly running: boolean;
+    /** The server's process id while it runs (for the log and for tests that kill it). */
+    readonly pid: number | undefined;
     executeCommand(command: string, args: unknown[], workDoneToken: string, token: CancellationToken): Promise<unknown>;
     onWorkDoneProgress(workDoneToken: string, handler: (value: WorkDoneValue) => void): Disposable;
     pushSettings(settings: DiceServerSettings): Promise<void>;
@@ -77,6 +79,9 @@ export const createLanguageClientHandle: HandleFactory = (options) => {
         stop: () => (client.state === State.Stopped ? Promise.resolve() : client.stop()),
         get running() {
             return client.state === State.Running;
+        },
+        get pid() {
+            return client.serverProcess?.pid;
         },
         executeCommand: (command, args, workDoneToken, token) =>
             client.sendRequest(ExecuteCommandRequest.type, { command, arguments: args, workDoneToken }, token),

@@ -84,7 +84,14 @@ export class ServerCommandFallbacks {
             await offerRecovery(this.deps, 'DICE: the server is not running.');
             return undefined;
         }
-        // The client registered the real handler (and its middleware) while starting.
-        return this.deps.executeCommand(id, ...args);
+        // The client registered the real handler (and its middleware) while starting; the fallbacks are
+        // gone by now, so this cannot come back here.
+        try {
+            return await this.deps.executeCommand(id, ...args);
+        } catch (error) {
+            // "command not found": the server's executeCommandProvider lacks it (an older dice-lsp).
+            await offerRecovery(this.deps, `DICE: the server does not provide ${id} (${String(error)}).`);
+            return undefined;
+        }
     }
 }

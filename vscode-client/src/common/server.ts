@@ -96,6 +96,30 @@ export class ServerManager {
         this.deps.log.info(`Starting the DICE server: ${[launch.command, ...launch.args].join(' ')}`);
         this.deps.beforeStart?.();
         this.setPhase('starting');
+        let handle: ServerHandle;
+        try {
+            handle = this.createHandle(launch);
+        } catch (error) {
+            // Not a crash: retrying the same construction would fail the same way.
+            this.deps.log.error(`Cannot create the DICE language client: ${String(error)}`);
+            this.setPhase('failed');
+            this.deps.onGiveUp(`cannot start the server: ${String(error)}`);
+            return;
+        }
+        this.handle = handle;
+        try {
+            await handle.start();
+            if (this.handle === handle && handle.running) {
+                this.deps.log.info(`The DICE server is running (pid ${handle.pid ?? 'unknown'}).`);
+                this.setPhase('running');
+            }
+        } catch (error) {
+            this.deps.log.error(`The DICE server did not start: ${String(error)}`);
+            this.onCrash(handle);
+        }
+    }
+
+    private createHandle(launch: ServerLaunch): ServerHandle {
         const handle: ServerHandle = this.deps.createHandle({
             launch,
             settings: this.deps.settings(),
@@ -113,16 +137,7 @@ export class ServerManager {
                 }
             },
         });
-        this.handle = handle;
-        try {
-            await handle.start();
-            if (this.handle === handle && handle.running) {
-                this.setPhase('running');
-            }
-        } catch (error) {
-            this.deps.log.error(`The DICE server did not start: ${String(error)}`);
-            this.onCrash(handle);
-        }
+        return handle;
     }
 
     private async stopCurrent(): Promise<void> {

@@ -49,7 +49,7 @@ function headline(input: StatusInput): Pick<StatusView, 'text' | 'severity'> {
     const model = status.model ?? 'model';
     switch (status.state) {
         case 'loading':
-            return { text: `$(loading~spin) DICE: loading ${model}`, severity: 'normal' };
+            return { text: `$(loading~spin) DICE: loading${status.model ? ` ${status.model}` : ""}`, severity: "normal" };
         case 'busy':
             return { text: '$(sync~spin) DICE: generating', severity: 'normal' };
         case 'validating':

@@ -3,11 +3,10 @@
 // the library under vscode-languageclient. A tiny random checkpoint (engine.testing) stands in for a
 // real model, so suggestions are gibberish but every message on the way is real.
 //
-// Needs the Python that has the dice-cuda package: $PYTHON, else python3. Set DICE_SKIP_SERVER_TESTS=1
-// to skip on a machine that only builds the extension.
+// Needs the Python that has the dice-cuda package: $PYTHON, else python3 (see python.ts).
 
 import * as assert from 'assert/strict';
-import { ChildProcess, spawn, spawnSync } from 'child_process';
+import { ChildProcess, spawn } from 'child_process';
 import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
@@ -39,10 +38,7 @@ import { completeArguments } from '../../common/middleware';
 import { DiceServerSettings, DiceStatus, DiceStatusNotification, ServerCommands } from '../../common/protocol';
 import { describeResult, ProgressTranslator } from '../../common/serverCommands';
 import { resolveServerLaunch, resolveServerSettings } from '../../common/settings';
-
-const REPO_ROOT = path.resolve(__dirname, '..', '..', '..', '..');
-const PYTHON = process.env.PYTHON || 'python3';
-const SKIP = process.env.DICE_SKIP_SERVER_TESTS === '1';
+import { assertPythonHasPackage, KERNEL, MASK_RANGE, PYTHON, REPO_ROOT, SKIP_SERVER_TESTS, tinyCheckpoint } from './python';
 
 // What vscode-languageclient 11 announces for the features this extension relies on.
 const CAPABILITIES: ClientCapabilities = {
@@ -64,29 +60,6 @@ const CAPABILITIES: ClientCapabilities = {
         publishDiagnostics: { relatedInformation: true },
     },
 };
-
-const KERNEL = [
-    '__global__ void scale(const float* x, float* y, float a, int n) {',
-    '    int i = blockIdx.x * blockDim.x + threadIdx.x;',
-    '    /* <MASK:8> */',
-    '}',
-    '',
-].join('\n');
-const MASK_RANGE = { start: { line: 2, character: 4 }, end: { line: 2, character: 18 } };
-
-function pythonHasPackage(): string | undefined {
-    const probe = spawnSync(PYTHON, ['-c', 'import lsp_server.server, engine.testing'], { cwd: REPO_ROOT, encoding: 'utf8' });
-    if (probe.error) {
-        return `cannot run ${PYTHON}: ${probe.error.message}`;
-    }
-    return probe.status === 0 ? undefined : `${PYTHON} cannot import the dice-cuda package:\n${probe.stderr}`;
-}
-
-function makeTinyCheckpoint(dir: string): void {
-    const code = 'import sys\nfrom engine.testing import make_tiny_checkpoint\nmake_tiny_checkpoint(sys.argv[1])\n';
-    const run = spawnSync(PYTHON, ['-c', code, dir], { cwd: REPO_ROOT, encoding: 'utf8', timeout: 120_000 });
-    assert.equal(run.status, 0, `make_tiny_checkpoint failed:\n${run.stderr}`);
-}
 
 /** Resolves with the first value `accept` returns for a notification; rejects with the server's stderr on timeout. */
 function waitFor<T>(what: string, subscribe: (accept: (v: T) => void) => void, ms: number, stderr: () => string): Promise<T> {
@@ -112,14 +85,12 @@ describe('integration: the real dice-lsp over stdio', function () {
     let onStatus: ((s: DiceStatus) => void) | undefined;
 
     before(function () {
-        if (SKIP) {
+        if (SKIP_SERVER_TESTS) {
             this.skip();
         }
-        const problem = pythonHasPackage();
-        assert.equal(problem, undefined, `${problem}\n(install it with \`pip install -e .\`, or point $PYTHON at the right interpreter)`);
+        assertPythonHasPackage();
         tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'dice-vscode-'));
-        const checkpoint = path.join(tmp, 'tiny');
-        makeTinyCheckpoint(checkpoint);
+        const checkpoint = tinyCheckpoint();
 
         // The extension's own settings code builds the initialization options and the command line.
         const userSettings: Record<string, unknown> = {

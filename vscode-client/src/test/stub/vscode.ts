@@ -3,28 +3,9 @@
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
 
-export class Disposable {
-    constructor(private readonly callOnDispose: () => void) {}
-    dispose(): void {
-        this.callOnDispose();
-    }
-}
+import { Disposable, EventEmitter } from './events';
 
-export class EventEmitter<T> {
-    private listeners: ((e: T) => unknown)[] = [];
-    event = (listener: (e: T) => unknown): Disposable => {
-        this.listeners.push(listener);
-        return new Disposable(() => {
-            this.listeners = this.listeners.filter((l) => l !== listener);
-        });
-    };
-    fire(e: T): void {
-        [...this.listeners].forEach((l) => l(e));
-    }
-    dispose(): void {
-        this.listeners = [];
-    }
-}
+export { Disposable, EventEmitter };
 
 export enum StatusBarAlignment {
     Left = 1,
@@ -113,6 +94,11 @@ export const stub = {
     activeTextEditor: undefined as any,
     configChanged: new EventEmitter<{ affectsConfiguration(section: string): boolean }>(),
     documentOpened: new EventEmitter<any>(),
+    documentChanged: new EventEmitter<any>(),
+    documentClosed: new EventEmitter<any>(),
+    /** Edits the language client asked VS Code to apply (workspace/applyEdit). */
+    appliedEdits: [] as any[],
+    shownDocuments: [] as unknown[],
     reset(): void {
         this.commands.clear();
         this.executed = [];
@@ -129,6 +115,10 @@ export const stub = {
         this.activeTextEditor = undefined;
         this.configChanged.dispose();
         this.documentOpened.dispose();
+        this.documentChanged.dispose();
+        this.documentClosed.dispose();
+        this.appliedEdits = [];
+        this.shownDocuments = [];
     },
     /** Sets `section.key` (user scope) and fires onDidChangeConfiguration like VS Code does. */
     setSetting(key: string, value: unknown): void {
@@ -163,6 +153,8 @@ export const window = {
             },
             dispose: () => undefined,
         };
+        // What vscode-languageclient reads off a LogOutputChannel.
+        Object.assign(channel, { logLevel: 3, onDidChangeLogLevel: new EventEmitter<number>().event, replace: () => undefined, clear: () => undefined, hide: () => undefined });
         stub.channels.push(channel);
         return channel;
     },
@@ -204,7 +196,14 @@ export const window = {
     get activeTextEditor(): unknown {
         return stub.activeTextEditor;
     },
-    showTextDocument: (): Promise<void> => Promise.resolve(),
+    showTextDocument: (doc: unknown): Promise<void> => {
+        stub.shownDocuments.push(doc);
+        return Promise.resolve();
+    },
+    visibleTextEditors: [] as unknown[],
+    onDidChangeVisibleTextEditors: new EventEmitter<unknown>().event,
+    onDidChangeActiveTextEditor: new EventEmitter<unknown>().event,
+    tabGroups: { all: [] as unknown[], onDidChangeTabs: new EventEmitter<unknown>().event },
 };
 
 export const commands = {
@@ -260,8 +259,28 @@ export const workspace = {
     get textDocuments(): unknown[] {
         return stub.textDocuments;
     },
+    onDidChangeTextDocument: (listener: (e: unknown) => unknown, thisArg?: unknown) => stub.documentChanged.event(listener, thisArg),
+    onDidCloseTextDocument: (listener: (d: unknown) => unknown, thisArg?: unknown) => stub.documentClosed.event(listener, thisArg),
+    onDidSaveTextDocument: new EventEmitter<unknown>().event,
+    onWillSaveTextDocument: new EventEmitter<unknown>().event,
+    onDidChangeWorkspaceFolders: new EventEmitter<unknown>().event,
+    onDidOpenNotebookDocument: new EventEmitter<unknown>().event,
+    onDidCloseNotebookDocument: new EventEmitter<unknown>().event,
+    onDidSaveNotebookDocument: new EventEmitter<unknown>().event,
+    onDidChangeNotebookDocument: new EventEmitter<unknown>().event,
+    notebookDocuments: [] as unknown[],
+    createFileSystemWatcher: () => ({
+        onDidCreate: new EventEmitter<unknown>().event,
+        onDidChange: new EventEmitter<unknown>().event,
+        onDidDelete: new EventEmitter<unknown>().event,
+        dispose: () => undefined,
+    }),
+    applyEdit: (edit: unknown): Promise<boolean> => {
+        stub.appliedEdits.push(edit);
+        return Promise.resolve(true);
+    },
     workspaceFolders: undefined as unknown,
-    openTextDocument: (): Promise<unknown> => Promise.resolve({}),
+    openTextDocument: (what: unknown): Promise<unknown> => Promise.resolve(typeof what === 'object' && what !== null && 'getText' in what ? what : { uri: what }),
 };
 
 /** A TextDocument-shaped object for tests. */
@@ -269,3 +288,5 @@ export function makeDocument(path: string, languageId: string, text: string): an
     const uri = Uri.file(path);
     return { uri, fileName: path, languageId, getText: () => text };
 }
+
+export * from './host';

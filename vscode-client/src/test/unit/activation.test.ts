@@ -105,6 +105,16 @@ describe('activation: command wiring and life cycle', () => {
         assert.deepEqual(world.last.executed[0].args, ['file:///k/softmax.cu']);
     });
 
+    it('says so when the server does not provide a command', async () => {
+        stub.activeTextEditor = { document: CU, selection: { active: { line: 0, character: 0 } } };
+        world.script = { advertise: false };
+        activate();
+        await stub.commands.get('dice.validateKernel')!();
+        assert.equal(world.handles.length, 1);
+        assert.equal(world.last.executed.length, 0);
+        assert.match(stub.messages.at(-1)!.text, /does not provide dice\.validateKernel/);
+    });
+
     it('drives the status bar from dice/status and logs malformed payloads', async () => {
         stub.textDocuments = [CU];
         activate();

@@ -14,10 +14,13 @@ export interface FakeServerScript {
     /** What executeCommand answers; progress values are sent first. */
     answer?: (command: string, args: unknown[]) => unknown;
     progress?: WorkDoneValue[];
+    /** False: an older server whose executeCommandProvider lacks the DICE commands. */
+    advertise?: boolean;
 }
 
 export class FakeHandle implements ServerHandle {
     running = false;
+    readonly pid = undefined;
     starts = 0;
     stops = 0;
     pushed: DiceServerSettings[] = [];
@@ -45,7 +48,7 @@ export class FakeHandle implements ServerHandle {
                 throw new Error('spawn python3 ENOENT');
             }
             // Throws if the extension left its fallbacks registered: exactly VS Code's behaviour.
-            for (const id of Object.values(ServerCommands)) {
+            for (const id of this.script.advertise === false ? [] : Object.values(ServerCommands)) {
                 this.registrations.push(
                     commands.registerCommand(id, (...args: unknown[]) =>
                         this.options.middleware.executeCommand!(id, args, () => Promise.resolve('next-called')),

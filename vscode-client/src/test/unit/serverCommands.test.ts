@@ -32,6 +32,7 @@ function handle(execute: ServerHandle['executeCommand']): ServerHandle & { subsc
         subscribed,
         disposed,
         running: true,
+        pid: 1234,
         start: async () => undefined,
         stop: async () => undefined,
         pushSettings: async () => undefined,

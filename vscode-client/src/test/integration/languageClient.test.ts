@@ -1,0 +1,150 @@
+// The extension as VS Code would run it, minus VS Code: activateDice with the real
+// vscode-languageclient LanguageClient (client.ts) under the vscode stub, starting the real dice-lsp.
+// Inline completions come through the provider the client registers and this extension's middleware;
+// palette commands through the client's ExecuteCommandFeature registrations; edits through
+// workspace.applyEdit. A tiny random checkpoint stands in for a real model.
+
+import * as assert from 'assert/strict';
+import * as fs from 'fs';
+import * as os from 'os';
+import * as path from 'path';
+import { activateDice, DiceExtension } from '../../common/activation';
+import { createLanguageClientHandle } from '../../common/client';
+import { ServerCommands } from '../../common/protocol';
+import {
+    CancellationTokenSource,
+    commands,
+    InlineCompletionItem,
+    InlineCompletionTriggerKind,
+    makeDocument,
+    Position,
+    registeredProviders,
+    stub,
+    WorkspaceEdit,
+} from '../stub/vscode';
+import { assertPythonHasPackage, KERNEL, MASK_RANGE, PYTHON, REPO_ROOT, SKIP_SERVER_TESTS, tinyCheckpoint } from './python';
+
+/** Polls a condition the stub cannot signal as an event (the status bar text), with a deadline. */
+async function until(what: string, condition: () => boolean, ms: number, detail: () => string): Promise<void> {
+    const deadline = Date.now() + ms;
+    while (!condition()) {
+        if (Date.now() > deadline) {
+            throw new Error(`timed out waiting for ${what}\n${detail()}`);
+        }
+        await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+}
+
+function isAlive(pid: number): boolean {
+    try {
+        process.kill(pid, 0);
+        return true;
+    } catch {
+        return false;
+    }
+}
+
+function plainRange(r: { start: { line: number; character: number }; end: { line: number; character: number } }) {
+    return { start: { line: r.start.line, character: r.start.character }, end: { line: r.end.line, character: r.end.character } };
+}
+
+describe('integration: the extension with the real LanguageClient and dice-lsp', function () {
+    this.timeout(90_000);
+    let ext: DiceExtension | undefined;
+    let subscriptions: { dispose(): unknown }[] = [];
+    let tmp: string;
+    let savedPythonPath: string | undefined;
+    const log = (): string => stub.channels[0]?.lines.join('\n') ?? '';
+    const statusText = (): string => stub.statusItems[0]?.text ?? '';
+    const doc = () => stub.textDocuments[0];
+
+    before(async function () {
+        if (SKIP_SERVER_TESTS) {
+            this.skip();
+        }
+        assertPythonHasPackage();
+        const checkpoint = tinyCheckpoint();
+        tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'dice-vscode-lc-'));
+        // `python -m lsp_server` from any working directory, installed or not.
+        savedPythonPath = process.env.PYTHONPATH;
+        process.env.PYTHONPATH = [REPO_ROOT, savedPythonPath].filter(Boolean).join(path.delimiter);
+
+        stub.reset();
+        registeredProviders.clear();
+        stub.settings.set('dice.modelPath', checkpoint);
+        stub.settings.set('dice.device', 'cpu');
+        stub.settings.set('dice.candidates', 2);
+        stub.settings.set('dice.maxNewTokens', 8);
+        stub.settings.set('dice.validationLevel', 'none');
+        stub.settings.set('dice.server.pythonPath', PYTHON);
+        const cu = makeDocument(path.join(tmp, 'scale.cu'), 'cuda-cpp', KERNEL);
+        cu.version = 1;
+        stub.textDocuments.push(cu);
+
+        ext = activateDice({ subscriptions } as never, createLanguageClientHandle);
+        await until('the ready status', () => statusText().startsWith('$(check)'), 60_000, () => `${statusText()}\n${log()}`);
+    });
+
+    after(async () => {
+        process.env.PYTHONPATH = savedPythonPath;
+        if (savedPythonPath === undefined) {
+            delete process.env.PYTHONPATH;
+        }
+        const pid = ext?.manager.current?.pid;
+        await ext?.dispose();
+        subscriptions.forEach((d) => d.dispose());
+        subscriptions = [];
+        if (pid !== undefined) {
+            await until('the server to exit after deactivate', () => !isAlive(pid), 10_000, log);
+        }
+        if (tmp) {
+            fs.rmSync(tmp, { recursive: true, force: true });
+        }
+    });
+
+    it('starts dice-lsp for an open .cu file and shows model and device in the status bar', () => {
+        assert.equal(ext!.manager.state, 'running');
+        assert.match(statusText(), /^\$\(check\) DICE \S+ · cpu$/);
+        assert.ok(registeredProviders.has('registerInlineCompletionItemProvider'), 'inline completion provider registered');
+        assert.ok(registeredProviders.has('registerCodeLensProvider'), 'verdict code lenses come from the server');
+        assert.ok(registeredProviders.has('registerHoverProvider'), 'verdict hovers come from the server');
+        for (const id of Object.values(ServerCommands)) {
+            assert.ok(stub.commands.has(id), `${id} is registered`);
+        }
+    });
+
+    it('offers an inline completion at the mask through the registered provider', async () => {
+        const [{ provider }] = registeredProviders.get('registerInlineCompletionItemProvider')!;
+        const token = new CancellationTokenSource().token;
+        const context = { triggerKind: InlineCompletionTriggerKind.Invoke, selectedCompletionInfo: undefined };
+        const result = await provider.provideInlineCompletionItems(doc(), new Position(2, 10), context, token);
+        const items: InlineCompletionItem[] = Array.isArray(result) ? result : (result?.items ?? []);
+        assert.ok(items.length >= 1, `no suggestion\n${log()}`);
+        assert.ok(items[0] instanceof InlineCompletionItem);
+        assert.equal(typeof items[0].insertText, 'string');
+        assert.deepEqual(plainRange(items[0].range!), MASK_RANGE);
+    });
+
+    it('runs "Fill mask at cursor" from the palette with progress and applies the edit', async () => {
+        stub.activeTextEditor = { document: doc(), selection: { active: new Position(2, 8) } };
+        const result = (await commands.executeCommand(ServerCommands.fillMask)) as Record<string, unknown>;
+        assert.equal(result?.ok, true, `${JSON.stringify(result)}\n${log()}`);
+        assert.equal(stub.progress.length, 1);
+        assert.equal(stub.progress[0].title, 'DICE: filling the mask');
+        assert.ok(stub.progress[0].reports.length > 0, 'the server reported progress on the client token');
+        assert.equal(stub.appliedEdits.length, 1);
+        const [[uri, edits]] = (stub.appliedEdits[0] as WorkspaceEdit).entries();
+        assert.equal(uri.toString(), doc().uri.toString());
+        assert.deepEqual(edits.map((e) => plainRange(e.range)), [MASK_RANGE]);
+        assert.match(log(), /dice\.fillMask: filled 1 mask\(s\)/);
+    });
+
+    it('restarts the server after it is killed', async () => {
+        const pid = ext!.manager.current!.pid!;
+        process.kill(pid, 'SIGKILL');
+        await until('a new server process', () => ext!.manager.state === 'running' && ext!.manager.current?.pid !== pid, 30_000, log);
+        assert.match(log(), /stopped unexpectedly; restarting in 500 ms/);
+        assert.ok(!isAlive(pid));
+        assert.ok(stub.commands.has(ServerCommands.fillAllMasks), 'the new client took the command ids over again');
+    });
+});
