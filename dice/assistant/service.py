@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -152,8 +153,10 @@ class _Run:
         event = Progress(stage=stage, done=done, total=total, message=message)  # type: ignore[arg-type]
         if threading.get_ident() == self._loop_thread:
             self.progress(event)
-        else:
-            self.loop.call_soon_threadsafe(self.progress, event)
+        elif not self.loop.is_closed():
+            # a cancelled request's generation may outlive its loop by one step: drop its events then
+            with contextlib.suppress(RuntimeError):
+                self.loop.call_soon_threadsafe(self.progress, event)
 
     def on_step_factory(self, *, respect_deadline: bool, message: str) -> Callable[[Any], None]:
         """The engine's ``on_step``: counts steps, reports them, and stops the generation when asked."""
@@ -412,7 +415,7 @@ class AssistantService:
 
         verdicts: list[Verdict | None] = [None] * len(fills)
         if s.validation_level != "none":
-            pool = self._pool()
+            pool = await asyncio.to_thread(self._pool)
             timing = s.validation_level == "run"
             futures = [pool.submit_kernelbench(ref_src, f.text, timing=timing) for f in fills]
             verdicts = await self._await_verdicts(run, futures, [None] * len(fills), required=set(),
@@ -440,7 +443,8 @@ class AssistantService:
     async def validate_document(self, text: str) -> Verdict:
         """Compile the file's device code; run and time it against its dice-spec when there is a GPU."""
         run_it = self.settings.validation_level != "compile"
-        future = self._pool().submit_cu(text, run=run_it)
+        pool = await asyncio.to_thread(self._pool)
+        future = pool.submit_cu(text, run=run_it)
         self.stats["validations"] += 1
         return await asyncio.wrap_future(future)
 
@@ -671,7 +675,7 @@ class AssistantService:
         missing = [i for i, v in enumerate(verdicts) if v is None]
         if not missing:
             return verdicts
-        pool = self._pool()
+        pool = await asyncio.to_thread(self._pool)
         futures: list[concurrent.futures.Future[Verdict] | None] = [None] * len(texts)
         for i in missing:
             futures[i] = pool.submit_cu(texts[i], run=(level == "run"))

@@ -148,8 +148,10 @@ def run(args: argparse.Namespace) -> int:
             continue
         console.print(f"  mask {mc.mask.index} ({where}): {verdict_label(best.verdict)} · confidence "
                       f"{best.confidence:.2f} · {len(mc.candidates)} candidate(s)")
-        if best.verdict is not None and not best.verdict.compiled:
-            console.print(f"    {first_line(best.verdict.message)}")
+    if len(result.masks) > 1 and result.best_verdict is not None:
+        console.print(f"  all fills together: {verdict_label(result.best_verdict)}")
+    if result.best_verdict is not None and not result.best_verdict.compiled:
+        console.print(f"  {first_line(result.best_verdict.message)}")
     if result.partial:
         console.print("The latency budget ran out: some candidates were not validated.")
     stats = result.stats
