@@ -223,3 +223,42 @@ async def test_tiny_model_end_to_end(tiny_engine, validator_pool) -> None:
     f0, f1 = (mc.candidates[0].text.encode() for mc in result.masks)
     assert best == data[: m0.start_byte] + f0 + data[m0.end_byte : m1.start_byte] + f1 + data[m1.end_byte :]
     assert result.model is not None and result.model.device == "cpu" and result.model.parameters > 0
+
+
+async def test_cancel_between_validations(scripted_engine_factory, validator_pool) -> None:
+    engine = scripted_engine_factory(_fills_for_two_masks)
+    service = AssistantService(AssistantSettings(candidates=2, validation_level="compile", max_latency_ms=0),
+                               engine=engine, validator=validator_pool)
+    cancel = asyncio.Event()
+
+    def progress(event: Progress) -> None:
+        if event.stage == "validating":
+            cancel.set()
+
+    with pytest.raises(asyncio.CancelledError):
+        await service.complete_document(TWO_MASKS, progress=progress, cancel=cancel)
+    assert len(engine.requests) == 4  # generation had finished
+    assert service.stats["validations"] == 0  # no verdict was waited for after the cancel
+
+
+async def test_generate_kernel_ranks_validated_programs(scripted_engine_factory, validator_pool,
+                                                       repo_root) -> None:
+    ref = (repo_root / "examples" / "kernelbench_softmax.py").read_text()
+    good = (repo_root / "examples" / "solutions" / "kernelbench_softmax.py").read_text()
+    broken = "import torch\nclass ModelNew(torch.nn.Module:\n    pass\n"
+
+    def programs(ref_src: str, _: str, n: int, temperature: float) -> list[tuple[str, float]]:
+        assert ref_src == ref
+        if temperature == 0.0:  # confident but broken
+            return [(f"Here is the code:\n```python\n{broken}```\n", 0.9)]
+        return [(f"```python\n{good}```", 0.2)] * n
+
+    engine = scripted_engine_factory(programs)
+    service = AssistantService(AssistantSettings(candidates=3, validation_level="compile"), engine=engine,
+                               validator=validator_pool)
+    ranked = await service.generate_kernel(ref)
+    assert [p.source for p in ranked] == [good.strip() + "\n", broken]  # fences and prose removed
+    assert ranked[0].verdict.status == "compiled" and ranked[1].verdict.status == "compile_error"
+    calls = len(engine.requests)
+    again = await service.generate_kernel(ref)
+    assert [p.source for p in again] == [p.source for p in ranked] and len(engine.requests) == calls
