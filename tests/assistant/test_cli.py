@@ -201,3 +201,14 @@ def test_generate_writes_the_best_program_with_its_verdict(tiny_checkpoint, tmp_
     bad.write_text("class Model(:\n")
     assert main(["generate", str(bad)]) == 2
     assert "not valid Python" in capsys.readouterr().err
+
+
+def test_without_a_gpu_compile_only_is_said_once(monkeypatch, shared_pool, cu_file, capsys) -> None:
+    monkeypatch.setenv("DICE_VALIDATOR_GPU", "0")
+    _scripted(monkeypatch, lambda p, s, n, t: [(GOOD_SQUARE if "square" not in s else GOOD_SCALE, 0.5)])
+    code = main(["complete", str(cu_file), "--candidates", "1", "--json"])  # default validation: run
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert err.count("No CUDA GPU") == 1
+    statuses = [c["verdict"]["status"] for m in json.loads(out)["masks"] for c in m["candidates"]]
+    assert statuses == ["compiled", "compiled"]
