@@ -171,7 +171,7 @@ def run_kernelbench(args: argparse.Namespace) -> int:
     old = read_records(verdicts_path)
     done = {(r["level"], r["problem_id"], r["sample"]) for r in old}
     todo = [(p, k) for p in problems for k in range(args.samples) if (p.level, p.problem_id, k) not in done]
-    console = Console(stderr=True, highlight=False)
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
     console.print(
         f"KernelBench: {len(problems)} problems × {args.samples} samples from {problems_file}; "
         f"{len(todo)} to validate ({len(problems) * args.samples - len(todo)} already in {verdicts_path})"

@@ -1,0 +1,326 @@
+"""Validator benchmark: seconds per validated candidate (cold and warm) on the .cu and KernelBench paths,
+a plain ``load_inline`` build of the same extension in the same run, and candidates per minute with the
+pool at full width.
+
+    python benchmarks/validator_bench.py --problems-file PROBLEMS.jsonl [--workers 8] [--results DIR]
+
+KernelBench candidates are the hand-written ones in tests/validator/candidates (10 level-1 problems, a
+correct and a wrong candidate each). Without a GPU only the compile-only numbers are produced.
+Writes validator_bench.json, validator_bench.md and validator_bench.png to --results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dice.validator import ValidatorPool, gpu_available  # noqa: E402
+
+CANDIDATES = ROOT / "tests" / "validator" / "candidates"
+PROBLEMS = {
+    5: "scale",
+    19: "relu",
+    21: "sigmoid",
+    22: "tanh",
+    25: "swish",
+    26: "gelu",
+    28: "hardsigmoid",
+    29: "softplus",
+    30: "softsign",
+    47: "sum",
+}
+PLAIN_PROBLEM = 5  # the candidate whose extension is also built with a plain load_inline
+
+VECTOR_ADD = """__global__ void add(const float* a, const float* b, float* c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i];
+}
+/* dice-spec
+import numpy as np
+import torch
+
+def inputs():
+    n = 1 << 24
+    return [torch.rand(n, device="cuda"), torch.rand(n, device="cuda"), n]
+
+def reference(a, b, n):
+    return a + b
+
+def launch(module, a, b, n):
+    c = torch.empty_like(a)
+    module.add(((n + 255) // 256,), (256,), (a, b, c, np.int32(n)))
+    return c
+*/
+"""
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name()
+    except ImportError:
+        pass
+    try:
+        import cupy
+
+        info["cupy"] = cupy.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def timed(fn: Any) -> tuple[float, Any]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def bench_cu(cache: Path) -> dict[str, Any]:
+    os.environ["DICE_CACHE_DIR"] = str(cache)
+    out: dict[str, Any] = {}
+    cold, pool = timed(lambda: ValidatorPool(1, cache_verdicts=False))
+    with pool:
+        first_s, v = timed(lambda: pool.validate_cu(VECTOR_ADD))
+        out["cold_s"] = cold + first_s  # pool + worker start, NVRTC, CuPy module build, run, timing
+        out["cold_status"] = v.status
+        warm = [timed(lambda: pool.validate_cu(VECTOR_ADD))[0] for _ in range(5)]
+        out["warm_s"] = statistics.median(warm)
+        out["speedup_vs_torch"] = v.speedup
+        # compile-only of fresh texts: what the editor pays per candidate without a spec
+        compile_only = []
+        for i in range(5):
+            text = VECTOR_ADD.split("/* dice-spec")[0].replace("a[i] + b[i]", f"a[i] + b[i] * {i + 2}.f")
+            compile_only.append(timed(lambda t=text: pool.validate_cu(t))[0])
+        out["compile_only_warm_s"] = statistics.median(compile_only)
+    return out
+
+
+def kb_jobs(refs: dict[int, str]) -> list[tuple[str, str, str, bool]]:
+    """(name, reference, candidate, timing): correct candidates are timed, wrong ones stop at correctness."""
+    jobs = []
+    order = [PLAIN_PROBLEM] + [p for p in PROBLEMS if p != PLAIN_PROBLEM]
+    for pid in order:
+        stem = PROBLEMS[pid]
+        for suffix, timing in (("", True), ("_wrong", False)):
+            name = f"level1_{pid}_{stem}{suffix}.py"
+            jobs.append((name, refs[pid], (CANDIDATES / name).read_text(), timing))
+    return jobs
+
+
+def plain_load_inline(candidate: Path, build_root: Path) -> subprocess.Popen[bytes]:
+    """The candidate imported by a plain python process: torch's own load_inline, a fresh build folder."""
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(build_root))
+    env.pop("MAX_JOBS", None)
+    code = (
+        "import importlib.util, time, sys\nt = time.perf_counter()\n"
+        f"spec = importlib.util.spec_from_file_location('plain_candidate', {str(candidate)!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "print('PLAIN_SECONDS', time.perf_counter() - t)\n"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+
+
+def bench_kb(
+    refs: dict[int, str], workers: int, tmp: Path, cache: Path | None, warm_wide: int
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"workers": workers}
+    jobs = kb_jobs(refs)
+    plain_name = f"level1_{PLAIN_PROBLEM}_{PROBLEMS[PLAIN_PROBLEM]}.py"
+    os.environ["DICE_CACHE_DIR"] = str(cache or tmp / "kb_cache")
+
+    # Cold: empty build cache, pool at full width; the plain load_inline build runs alongside, on the same
+    # machine under the same load, for the extension of the first candidate.
+    plain = plain_load_inline(CANDIDATES / plain_name, tmp / "plain_ext")
+    pool_start = time.perf_counter()
+    with ValidatorPool(workers, cache_verdicts=False) as pool:
+        first_submit = time.perf_counter()
+        first = pool.submit_kernelbench(jobs[0][1], jobs[0][2], timing=jobs[0][3])
+        rest = [(n, pool.submit_kernelbench(r, c, timing=t)) for n, r, c, t in jobs[1:]]
+        first_v = first.result()
+        out["cold_single_s"] = time.perf_counter() - first_submit
+        out["cold_single_with_pool_start_s"] = time.perf_counter() - pool_start
+        out["cold_single_status"] = first_v.status
+        statuses = {jobs[0][0]: first_v.status}
+        for name, fut in rest:
+            statuses[name] = fut.result().status
+        out["cold_wide_wall_s"] = time.perf_counter() - pool_start
+    out["cold_candidates_per_min"] = 60.0 * len(jobs) / out["cold_wide_wall_s"]
+    out["cold_statuses"] = statuses
+    plain_out = plain.communicate(timeout=900)[0].decode(errors="replace")
+    seconds = [line.split()[1] for line in plain_out.splitlines() if line.startswith("PLAIN_SECONDS")]
+    out["plain_load_inline_s"] = float(seconds[0]) if seconds else None
+    if not seconds:
+        out["plain_load_inline_log"] = plain_out[-2000:]
+
+    # Warm: same build cache. A fresh single-worker pool (worker start + cached build + full protocol), then
+    # the same candidate again in that warm worker.
+    with ValidatorPool(1, cache_verdicts=False) as pool:
+        out["warm_fresh_worker_s"], v = timed(lambda: pool.validate_kernelbench(jobs[0][1], jobs[0][2]))
+        out["warm_fresh_worker_status"] = v.status
+        out["warm_worker_s"], v = timed(lambda: pool.validate_kernelbench(jobs[0][1], jobs[0][2]))
+        out["warm_worker_correctness_only_s"], _ = timed(
+            lambda: pool.validate_kernelbench(jobs[0][1], jobs[0][2], timing=False)
+        )
+        out["warm_log"] = v.log[:1500]
+    start = time.perf_counter()
+    with ValidatorPool(workers, cache_verdicts=False) as pool:
+        futures = [pool.submit_kernelbench(r, c, timing=t) for _, r, c, t in jobs[:warm_wide]]
+        warm_statuses = [f.result().status for f in futures]
+    out["warm_wide_wall_s"] = time.perf_counter() - start
+    out["warm_wide_candidates"] = len(futures)
+    out["warm_candidates_per_min"] = 60.0 * len(futures) / out["warm_wide_wall_s"]
+    out["warm_statuses_match_cold"] = warm_statuses == [statuses[n] for n, *_ in jobs[:warm_wide]]
+    return out
+
+
+def write_results(results: dict[str, Any], out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "validator_bench.json").write_text(json.dumps(results, indent=2) + "\n")
+    cu, kb = results.get("cu", {}), results.get("kernelbench", {})
+    lines = [
+        "# Validator benchmark",
+        "",
+        f"- command: `{results['command']}`",
+        f"- machine: {json.dumps(results['machine'])}",
+        f"- date (UTC): {results['date']}",
+        "",
+        "| what | seconds |",
+        "| --- | --- |",
+    ]
+
+    def row(label: str, value: Any) -> None:
+        if isinstance(value, float):
+            lines.append(f"| {label} | {value:.2f} |")
+
+    row(".cu cold (pool start, NVRTC + CuPy build, run, timing)", cu.get("cold_s"))
+    row(".cu warm (same worker)", cu.get("warm_s"))
+    row(".cu compile-only, new text, warm worker", cu.get("compile_only_warm_s"))
+    row(
+        "KernelBench cold, one candidate (build + 5 trials + timing), pool at full width",
+        kb.get("cold_single_s"),
+    )
+    row("plain `load_inline` build of the same extension, same run", kb.get("plain_load_inline_s"))
+    row("KernelBench warm build cache, fresh worker", kb.get("warm_fresh_worker_s"))
+    row("KernelBench warm worker (full protocol, timing)", kb.get("warm_worker_s"))
+    row("KernelBench warm worker, correctness only", kb.get("warm_worker_correctness_only_s"))
+    if kb:
+        lines += [
+            "",
+            "| pool at full width | candidates | wall s | candidates/min |",
+            "| --- | --- | --- | --- |",
+            f"| cold ({kb['workers']} workers) | {len(kb['cold_statuses'])} | {kb['cold_wide_wall_s']:.1f} | "
+            f"{kb['cold_candidates_per_min']:.1f} |",
+            f"| warm ({kb['workers']} workers) | {kb['warm_wide_candidates']} | "
+            f"{kb['warm_wide_wall_s']:.1f} | {kb['warm_candidates_per_min']:.1f} |",
+        ]
+        lines += [
+            "",
+            "Statuses (cold pass): " + ", ".join(f"{k}: {v}" for k, v in kb["cold_statuses"].items()),
+        ]
+    (out_dir / "validator_bench.md").write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        labels, values = [], []
+        for label, key, src in [
+            (".cu cold", "cold_s", cu),
+            (".cu warm", "warm_s", cu),
+            ("KB cold (pool)", "cold_single_s", kb),
+            ("plain load_inline", "plain_load_inline_s", kb),
+            ("KB warm, new worker", "warm_fresh_worker_s", kb),
+            ("KB warm worker", "warm_worker_s", kb),
+        ]:
+            if isinstance(src.get(key), float):
+                labels.append(label)
+                values.append(src[key])
+        fig, ax = plt.subplots(figsize=(8, 3.5))
+        ax.barh(labels, values, color="tab:blue")
+        for i, v in enumerate(values):
+            ax.text(v, i, f" {v:.2f} s", va="center", fontsize=8)
+        ax.set_xscale("log")
+        ax.set_xlabel("seconds per validated candidate")
+        title = results["machine"].get("gpu", "no GPU")
+        if kb:
+            per_min = f"{kb['cold_candidates_per_min']:.1f} / {kb['warm_candidates_per_min']:.1f}"
+            title += f" · {per_min} candidates/min (cold/warm)"
+        ax.set_title(title, fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out_dir / "validator_bench.png", dpi=120)
+    except ImportError:
+        pass
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--problems-file", type=Path, default=None)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--skip-kernelbench", action="store_true")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="KernelBench build cache (must start empty for cold numbers; default: a temp dir)",
+    )
+    parser.add_argument(
+        "--warm-wide",
+        type=int,
+        default=20,
+        metavar="N",
+        help="candidates in the warm full-width pass (default all 20)",
+    )
+    args = parser.parse_args()
+    results: dict[str, Any] = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "gpu": gpu_available(),
+    }
+    with tempfile.TemporaryDirectory(prefix="dice-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        results["cu"] = bench_cu(tmp / "cu_cache")
+        print("cu:", json.dumps(results["cu"]), flush=True)
+        write_results(results, args.results)
+        if results["gpu"] and not args.skip_kernelbench:
+            from dice.validator.kbeval import find_problems_file, load_problems
+
+            rows = load_problems(find_problems_file(args.problems_file))
+            refs = {p.problem_id: p.code for p in rows if p.level == 1 and p.problem_id in PROBLEMS}
+            results["kernelbench"] = bench_kb(refs, args.workers, tmp, args.cache_dir, args.warm_wide)
+            print(
+                "kernelbench:",
+                json.dumps({k: v for k, v in results["kernelbench"].items() if k != "warm_log"}),
+                flush=True,
+            )
+    write_results(results, args.results)
+    print((args.results / "validator_bench.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
