@@ -232,6 +232,11 @@ class AssistantService:
 
     # ---------------------------------------------------------------- model ownership
     @property
+    def engine(self) -> Any | None:
+        """The loaded engine (None before ``load``); another service can share it through ``engine=``."""
+        return self._engine
+
+    @property
     def model_loaded(self) -> bool:
         return self._engine is not None
 
