@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,11 +30,19 @@ class TorchKernel:
         import torch
 
         converted = tuple(cupy.from_dlpack(a) if isinstance(a, torch.Tensor) else a for a in args)
-        if stream is None:
-            stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
         grid = grid if isinstance(grid, tuple) else (int(grid),)
         block = block if isinstance(block, tuple) else (int(block),)
-        self._kernel(grid, block, converted, shared_mem=shared_mem, stream=stream)
+        if stream is None:
+            ptr = torch.cuda.current_stream().cuda_stream
+            if ptr != 0:  # torch's default stream is CuPy's null stream; any other needs wrapping
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    stream = cupy.cuda.ExternalStream(ptr)
+        if stream is None:
+            self._kernel(grid, block, converted, shared_mem=shared_mem)
+        else:
+            with stream:
+                self._kernel(grid, block, converted, shared_mem=shared_mem)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._kernel, name)
