@@ -406,7 +406,7 @@ def main(cfg: SFTConfig) -> dict:
             totals += torch.stack([loss_sum.float(), correct.float(), args[4].sum().float()])
         totals = accelerator.reduce(totals, reduction="sum")
         objective.train()
-        answer = float(eval_rows.loss_mask[:n].sum())
+        answer = max(1.0, float(eval_rows.loss_mask[:n].sum()))
         return {
             "eval_loss": float(totals[0]) / answer,
             "eval_masked_acc": float(totals[1] / totals[2].clamp(min=1)),
@@ -452,9 +452,10 @@ def main(cfg: SFTConfig) -> dict:
                     break
                 micro = [next(batches) for _ in range(cfg.grad_accum)]
                 local_answer = sum(int(b["loss_mask"].sum()) for b in micro)
+                # clamp: a step whose rows hold no answer token contributes a zero loss, not a NaN.
                 global_answer = accelerator.reduce(
                     torch.tensor(float(local_answer), device=accelerator.device), reduction="sum"
-                )
+                ).clamp(min=1.0)
                 step_loss = torch.zeros((), device=accelerator.device)
                 for b in micro:
                     args = batch_on_device(b, epoch)
