@@ -69,9 +69,15 @@ def _engine_cancelled_type() -> type[BaseException]:
 
 
 class _LRU(Generic[K, V]):
-    def __init__(self, capacity: int) -> None:
+    """A thread-safe LRU map bounded by entry count and, optionally, by the summed ``weight`` of entries."""
+
+    def __init__(self, capacity: int, *, max_weight: int | None = None,
+                 weight: Callable[[V], int] | None = None) -> None:
         self.capacity = capacity
-        self._items: OrderedDict[K, V] = OrderedDict()
+        self.max_weight = max_weight
+        self._weigh = weight or (lambda _v: 0)
+        self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self._weight = 0
         self._lock = threading.Lock()
 
     def get(self, key: K) -> V | None:
@@ -79,18 +85,26 @@ class _LRU(Generic[K, V]):
             if key not in self._items:
                 return None
             self._items.move_to_end(key)
-            return self._items[key]
+            return self._items[key][0]
 
     def put(self, key: K, value: V) -> None:
+        w = self._weigh(value)
+        if self.max_weight is not None and w > self.max_weight:
+            return  # one entry bigger than the whole cache: not worth evicting everything for
         with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
+            if key in self._items:
+                self._weight -= self._items.pop(key)[1]
+            self._items[key] = (value, w)
+            self._weight += w
+            while len(self._items) > self.capacity or (
+                self.max_weight is not None and self._weight > self.max_weight
+            ):
+                self._weight -= self._items.popitem(last=False)[1][1]
 
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._weight = 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -222,7 +236,9 @@ class AssistantService:
         self._validator_lock = threading.Lock()
         self._model_info: ModelInfo | None = None
         self._gpu: bool | None = None
-        self._documents: _LRU[str, DocumentCompletion] = _LRU(cache_size)
+        # documents can be megabytes each: the document cache is also bounded by the text it holds
+        self._documents: _LRU[str, DocumentCompletion] = _LRU(cache_size, max_weight=_DOCUMENT_CACHE_BYTES,
+                                                              weight=_completion_size)
         self._programs: _LRU[str, list[RankedProgram]] = _LRU(cache_size)
         self._fills: _LRU[str, list[_Fill]] = _LRU(cache_size * 8)
         self._verdicts: _LRU[str, Verdict] = _LRU(cache_size * 16)
@@ -745,6 +761,13 @@ class AssistantService:
 
 
 # ---------------------------------------------------------------- helpers
+_DOCUMENT_CACHE_BYTES = 64 * 1024 * 1024
+
+
+def _completion_size(c: DocumentCompletion) -> int:
+    return len(c.best_text) + sum(len(x.text) for m in c.masks for x in m.candidates)
+
+
 def _hole_of(mask: Mask) -> Hole:
     return Hole(
         index=mask.index,

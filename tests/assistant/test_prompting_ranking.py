@@ -94,3 +94,18 @@ def test_rank_compiled_then_correct_then_faster_then_confidence() -> None:
 def test_rank_is_stable_and_handles_unvalidated() -> None:
     assert rank(["a", "b", "c"], [None, None, None], [0.5, 0.5, 0.5]) == [0, 1, 2]
     assert rank(["a", "b"], [None, _v("compiled")], [0.9, 0.1]) == [1, 0]
+
+
+def test_lru_is_bounded_by_count_and_weight() -> None:
+    from dice.assistant.service import _LRU
+
+    lru: _LRU[str, str] = _LRU(3, max_weight=10, weight=len)
+    for key in "abc":
+        lru.put(key, "xx")
+    lru.get("a")  # a is now the most recently used
+    lru.put("d", "xx")
+    assert lru.get("b") is None and lru.get("a") == "xx" and len(lru) == 3
+    lru.put("e", "x" * 8)  # weight 2 + 2 + 2 + 8 > 10: the least recently used go until it fits
+    assert len(lru) == 2 and lru.get("e") == "x" * 8
+    lru.put("huge", "x" * 11)  # heavier than the whole cache: not stored, nothing evicted
+    assert lru.get("huge") is None and len(lru) == 2
