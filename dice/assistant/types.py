@@ -59,7 +59,10 @@ class AssistantSettings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 problems.append(f"{name} must be a positive integer, got {value!r}")
-        if not 0.0 < self.threshold <= 1.0:
+        if self.policy == "entropy":  # there the threshold is an entropy budget in nats
+            if not self.threshold > 0.0:
+                problems.append(f"threshold must be > 0 for the entropy policy, got {self.threshold!r}")
+        elif not 0.0 < self.threshold <= 1.0:
             problems.append(f"threshold must be in (0, 1], got {self.threshold!r}")
         if self.sample_temperature <= 0.0:
             problems.append(f"sample_temperature must be > 0, got {self.sample_temperature!r}")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dice.assistant import rank
+import pytest
+
+from dice.assistant import AssistantSettings, rank
 from dice.assistant.prompting import Hole, build_infill_request
 from dice.cuda_source import parse_document
 from dice.validator import Verdict
@@ -109,3 +111,14 @@ def test_lru_is_bounded_by_count_and_weight() -> None:
     assert len(lru) == 2 and lru.get("e") == "x" * 8
     lru.put("huge", "x" * 11)  # heavier than the whole cache: not stored, nothing evicted
     assert lru.get("huge") is None and len(lru) == 2
+
+
+def test_settings_name_every_bad_value() -> None:
+    with pytest.raises(ValueError) as info:
+        AssistantSettings(policy="greedy", candidates=0, device="tpu", threshold=1.5, validation_level="all")
+    message = str(info.value)
+    for word in ("policy", "candidates", "device", "validation_level"):
+        assert word in message
+    AssistantSettings(policy="entropy", threshold=2.0)  # an entropy budget in nats may exceed 1
+    with pytest.raises(ValueError, match="threshold"):
+        AssistantSettings(policy="dynamic", threshold=1.5)
