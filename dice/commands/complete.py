@@ -170,6 +170,9 @@ def run(args: argparse.Namespace) -> int:
                    else "no candidate combination compiled")
             raise CliError(f"not writing {path}: {why}; pass --force to write the best-ranked fills anyway",
                            code=1)
+        if read_source(path) != text:
+            raise CliError(f"{path} changed on disk while DICE was working; not writing (run it again)",
+                           code=1)
         write_atomically(path, result.best_text)
         console.print(f"Wrote {path} ({len(result.masks)} mask{plural} filled).")
     elif not args.json:
