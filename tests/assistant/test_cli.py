@@ -212,3 +212,14 @@ def test_without_a_gpu_compile_only_is_said_once(monkeypatch, shared_pool, cu_fi
     assert err.count("No CUDA GPU") == 1
     statuses = [c["verdict"]["status"] for m in json.loads(out)["masks"] for c in m["candidates"]]
     assert statuses == ["compiled", "compiled"]
+
+
+def test_write_refuses_when_the_file_changed_meanwhile(monkeypatch, shared_pool, cu_file, capsys) -> None:
+    def fills(prefix: str, suffix: str, n: int, t: float) -> list[tuple[str, float]]:
+        cu_file.write_text(TWO_MASKS + "// the user typed this meanwhile\n")
+        return [(GOOD_SQUARE if "square" not in suffix else GOOD_SCALE, 0.5)] * n
+
+    _scripted(monkeypatch, fills)
+    code = main(["complete", str(cu_file), "--candidates", "1", "--validation", "compile", "--write"])
+    assert code == 1 and "changed on disk" in capsys.readouterr().err
+    assert cu_file.read_text().endswith("// the user typed this meanwhile\n")  # their edit survives
