@@ -187,8 +187,9 @@ async def test_cancelling_the_task_stops_the_model_thread(tiny_engine) -> None:
     settings = AssistantSettings(candidates=1, validation_level="none", max_new_tokens=64, policy="static")
     service = AssistantService(settings, engine=engine)
     task = asyncio.create_task(service.complete_document(TWO_MASKS))
-    while engine.steps < 2:
+    while engine.steps < 2 and not task.done():
         await asyncio.sleep(0.005)
+    assert not task.done(), "generation finished before it could be cancelled"
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
