@@ -434,6 +434,8 @@ def main(cfg: SFTConfig) -> dict:
         f"sft: {len(rows)} rows x {rows.input_ids.shape[1]} tokens, {world} process(es), "
         f"{total_steps} steps, attention={attn_impl}, precision={mixed}, data={data_stats}"
     )
+    if eval_rows is not None and step == 0:
+        eval_history.append({"step": 0, **evaluate()})  # the starting point of the held-out curve
     started = time.perf_counter()
     tokens_seen = 0
     last_log = (time.perf_counter(), 0)
