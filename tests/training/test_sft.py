@@ -174,6 +174,7 @@ def test_gradient_accumulation_equals_the_bigger_batch(tiny: Path, examples: Pat
     assert [float(r["loss"]) for r in big] == pytest.approx([float(r["loss"]) for r in acc], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_give_the_loss_of_one(tiny: Path, examples: Path, tmp_path: Path) -> None:
     """accelerate launch of the `dice train sft` entry point on 2 CPU processes vs 1 process, same rows."""
     common = [
