@@ -115,15 +115,24 @@ def bench_cu(cache: Path) -> dict[str, Any]:
     return out
 
 
-def kb_jobs(refs: dict[int, str]) -> list[tuple[str, str, str, bool]]:
-    """(name, reference, candidate, timing): correct candidates are timed, wrong ones stop at correctness."""
-    jobs = []
+ADVERSARIAL = sorted(p.name for p in CANDIDATES.glob("adv_*.py"))
+
+
+def kb_jobs(refs: dict[int, str]) -> list[tuple[str, str, str, bool, str]]:
+    """(name, reference, candidate, timing, expected status) for the whole hand-written test set: correct
+    candidates first (their distinct builds start at once; timed), then the wrong twins and the adversarial
+    cases, which reuse those builds and stop at correctness or a guard."""
     order = [PLAIN_PROBLEM] + [p for p in PROBLEMS if p != PLAIN_PROBLEM]
+    jobs = []
     for pid in order:
-        stem = PROBLEMS[pid]
-        for suffix, timing in (("", True), ("_wrong", False)):
-            name = f"level1_{pid}_{stem}{suffix}.py"
-            jobs.append((name, refs[pid], (CANDIDATES / name).read_text(), timing))
+        name = f"level1_{pid}_{PROBLEMS[pid]}.py"
+        jobs.append((name, refs[pid], (CANDIDATES / name).read_text(), True, "correct"))
+    for pid in order:
+        name = f"level1_{pid}_{PROBLEMS[pid]}_wrong.py"
+        jobs.append((name, refs[pid], (CANDIDATES / name).read_text(), False, "incorrect"))
+    for name in ADVERSARIAL:
+        expected = "correct" if name == "adv_half_precision_compute.py" else "rejected"
+        jobs.append((name, refs[19], (CANDIDATES / name).read_text(), True, expected))
     return jobs
 
 
@@ -143,55 +152,71 @@ def plain_load_inline(candidate: Path, build_root: Path) -> subprocess.Popen[byt
 
 
 def bench_kb(
-    refs: dict[int, str], workers: int, tmp: Path, cache: Path | None, warm_wide: int
+    refs: dict[int, str], workers: int, tmp: Path, cache: Path | None, warm_wide: int, checkpoint: Any
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"workers": workers}
     jobs = kb_jobs(refs)
-    plain_name = f"level1_{PLAIN_PROBLEM}_{PROBLEMS[PLAIN_PROBLEM]}.py"
+    plain_name = jobs[0][0]
     os.environ["DICE_CACHE_DIR"] = str(cache or tmp / "kb_cache")
 
-    # Cold: empty build cache, pool at full width; the plain load_inline build runs alongside, on the same
-    # machine under the same load, for the extension of the first candidate.
+    # Cold: empty build cache, pool at full width over the whole test set; a plain load_inline build of the
+    # first candidate's extension runs alongside, on the same machine under the same load.
     plain = plain_load_inline(CANDIDATES / plain_name, tmp / "plain_ext")
-    pool_start = time.perf_counter()
+    start = time.perf_counter()
+    latency: dict[str, float] = {}
     with ValidatorPool(workers, cache_verdicts=False) as pool:
-        first_submit = time.perf_counter()
-        first = pool.submit_kernelbench(jobs[0][1], jobs[0][2], timing=jobs[0][3])
-        rest = [(n, pool.submit_kernelbench(r, c, timing=t)) for n, r, c, t in jobs[1:]]
-        first_v = first.result()
-        out["cold_single_s"] = time.perf_counter() - first_submit
-        out["cold_single_with_pool_start_s"] = time.perf_counter() - pool_start
-        out["cold_single_status"] = first_v.status
-        statuses = {jobs[0][0]: first_v.status}
-        for name, fut in rest:
-            statuses[name] = fut.result().status
-        out["cold_wide_wall_s"] = time.perf_counter() - pool_start
+        futures = {}
+        for name, ref, cand, timing, _ in jobs:
+            fut = pool.submit_kernelbench(ref, cand, timing=timing)
+            fut.add_done_callback(lambda f, n=name: latency.__setitem__(n, time.perf_counter() - start))
+            futures[name] = fut
+        verdicts = {name: fut.result() for name, fut in futures.items()}
+        out["cold_wide_wall_s"] = time.perf_counter() - start
+    out["cold_candidates"] = len(jobs)
     out["cold_candidates_per_min"] = 60.0 * len(jobs) / out["cold_wide_wall_s"]
-    out["cold_statuses"] = statuses
+    out["cold_single_s"] = latency[plain_name]
+    out["cold_single_status"] = verdicts[plain_name].status
+    out["as_expected"] = sum(verdicts[n].status == e for n, _, _, _, e in jobs)
+    out["per_candidate"] = {
+        name: {
+            "expected": expected,
+            "status": verdicts[name].status,
+            "latency_s": round(latency[name], 2),
+            "speedup": verdicts[name].speedup,
+            "ref_ms": verdicts[name].ref_ms,
+            "new_ms": verdicts[name].new_ms,
+            "message": verdicts[name].message[:300],
+        }
+        for name, _, _, _, expected in jobs
+    }
     plain_out = plain.communicate(timeout=900)[0].decode(errors="replace")
     seconds = [line.split()[1] for line in plain_out.splitlines() if line.startswith("PLAIN_SECONDS")]
     out["plain_load_inline_s"] = float(seconds[0]) if seconds else None
     if not seconds:
         out["plain_load_inline_log"] = plain_out[-2000:]
+    print("kernelbench cold:", json.dumps({k: v for k, v in out.items() if k != "per_candidate"}), flush=True)
+    checkpoint(out)
 
     # Warm: same build cache. A fresh single-worker pool (worker start + cached build + full protocol), then
     # the same candidate again in that warm worker.
+    ref, cand = jobs[0][1], jobs[0][2]
     with ValidatorPool(1, cache_verdicts=False) as pool:
-        out["warm_fresh_worker_s"], v = timed(lambda: pool.validate_kernelbench(jobs[0][1], jobs[0][2]))
+        out["warm_fresh_worker_s"], v = timed(lambda: pool.validate_kernelbench(ref, cand))
         out["warm_fresh_worker_status"] = v.status
-        out["warm_worker_s"], v = timed(lambda: pool.validate_kernelbench(jobs[0][1], jobs[0][2]))
+        out["warm_worker_s"], v = timed(lambda: pool.validate_kernelbench(ref, cand))
         out["warm_worker_correctness_only_s"], _ = timed(
-            lambda: pool.validate_kernelbench(jobs[0][1], jobs[0][2], timing=False)
+            lambda: pool.validate_kernelbench(ref, cand, timing=False)
         )
         out["warm_log"] = v.log[:1500]
-    start = time.perf_counter()
-    with ValidatorPool(workers, cache_verdicts=False) as pool:
-        futures = [pool.submit_kernelbench(r, c, timing=t) for _, r, c, t in jobs[:warm_wide]]
-        warm_statuses = [f.result().status for f in futures]
-    out["warm_wide_wall_s"] = time.perf_counter() - start
-    out["warm_wide_candidates"] = len(futures)
-    out["warm_candidates_per_min"] = 60.0 * len(futures) / out["warm_wide_wall_s"]
-    out["warm_statuses_match_cold"] = warm_statuses == [statuses[n] for n, *_ in jobs[:warm_wide]]
+    if warm_wide > 0:
+        start = time.perf_counter()
+        with ValidatorPool(workers, cache_verdicts=False) as pool:
+            warm_futures = [pool.submit_kernelbench(r, c, timing=t) for _, r, c, t, _ in jobs[:warm_wide]]
+            warm_statuses = [f.result().status for f in warm_futures]
+        out["warm_wide_wall_s"] = time.perf_counter() - start
+        out["warm_wide_candidates"] = len(warm_futures)
+        out["warm_candidates_per_min"] = 60.0 * len(warm_futures) / out["warm_wide_wall_s"]
+        out["warm_statuses_match_cold"] = warm_statuses == [verdicts[n].status for n, *_ in jobs[:warm_wide]]
     return out
 
 
@@ -230,15 +255,24 @@ def write_results(results: dict[str, Any], out_dir: Path) -> None:
             "",
             "| pool at full width | candidates | wall s | candidates/min |",
             "| --- | --- | --- | --- |",
-            f"| cold ({kb['workers']} workers) | {len(kb['cold_statuses'])} | {kb['cold_wide_wall_s']:.1f} | "
+            f"| cold ({kb['workers']} workers) | {kb['cold_candidates']} | {kb['cold_wide_wall_s']:.1f} | "
             f"{kb['cold_candidates_per_min']:.1f} |",
-            f"| warm ({kb['workers']} workers) | {kb['warm_wide_candidates']} | "
-            f"{kb['warm_wide_wall_s']:.1f} | {kb['warm_candidates_per_min']:.1f} |",
         ]
+        if "warm_wide_wall_s" in kb:
+            lines.append(
+                f"| warm ({kb['workers']} workers) | {kb['warm_wide_candidates']} | "
+                f"{kb['warm_wide_wall_s']:.1f} | {kb['warm_candidates_per_min']:.1f} |"
+            )
         lines += [
             "",
-            "Statuses (cold pass): " + ", ".join(f"{k}: {v}" for k, v in kb["cold_statuses"].items()),
+            f"Verdicts as expected: {kb['as_expected']}/{kb['cold_candidates']}",
+            "",
+            "| candidate | expected | status | done after s (cold pass) | speedup |",
+            "| --- | --- | --- | --- | --- |",
         ]
+        for name, rec in kb["per_candidate"].items():
+            speedup = f"{rec['speedup']:.2f}" if rec["speedup"] else "-"
+            lines.append(f"| {name} | {rec['expected']} | {rec['status']} | {rec['latency_s']} | {speedup} |")
     (out_dir / "validator_bench.md").write_text("\n".join(lines) + "\n")
     try:
         import matplotlib
@@ -266,8 +300,7 @@ def write_results(results: dict[str, Any], out_dir: Path) -> None:
         ax.set_xlabel("seconds per validated candidate")
         title = results["machine"].get("gpu", "no GPU")
         if kb:
-            per_min = f"{kb['cold_candidates_per_min']:.1f} / {kb['warm_candidates_per_min']:.1f}"
-            title += f" · {per_min} candidates/min (cold/warm)"
+            title += f" · {kb['cold_candidates_per_min']:.1f} candidates/min cold, {kb['workers']} workers"
         ax.set_title(title, fontsize=9)
         fig.tight_layout()
         fig.savefig(out_dir / "validator_bench.png", dpi=120)
@@ -278,7 +311,7 @@ def write_results(results: dict[str, Any], out_dir: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--problems-file", type=Path, default=None)
-    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--skip-kernelbench", action="store_true")
     parser.add_argument(
@@ -290,9 +323,9 @@ def main() -> int:
     parser.add_argument(
         "--warm-wide",
         type=int,
-        default=20,
+        default=0,
         metavar="N",
-        help="candidates in the warm full-width pass (default all 20)",
+        help="also re-validate the first N candidates at full width with the warm cache",
     )
     args = parser.parse_args()
     results: dict[str, Any] = {
@@ -311,10 +344,22 @@ def main() -> int:
 
             rows = load_problems(find_problems_file(args.problems_file))
             refs = {p.problem_id: p.code for p in rows if p.level == 1 and p.problem_id in PROBLEMS}
-            results["kernelbench"] = bench_kb(refs, args.workers, tmp, args.cache_dir, args.warm_wide)
+
+            def checkpoint(partial: dict[str, Any]) -> None:
+                write_results({**results, "kernelbench": partial}, args.results)
+
+            results["kernelbench"] = bench_kb(
+                refs, args.workers, tmp, args.cache_dir, args.warm_wide, checkpoint
+            )
             print(
                 "kernelbench:",
-                json.dumps({k: v for k, v in results["kernelbench"].items() if k != "warm_log"}),
+                json.dumps(
+                    {
+                        k: v
+                        for k, v in results["kernelbench"].items()
+                        if k not in ("warm_log", "per_candidate")
+                    }
+                ),
                 flush=True,
             )
     write_results(results, args.results)

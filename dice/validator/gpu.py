@@ -78,12 +78,12 @@ class Timing:
 class L2Flusher:
     """Overwrites a buffer twice the L2 size between timed calls, so each trial starts with a cold cache."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: Any = "cuda") -> None:
         import torch
 
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         l2 = int(getattr(props, "L2_cache_size", 0) or 64 * 2**20)
-        self.buffer = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
+        self.buffer = torch.empty(2 * l2 // 4, dtype=torch.int32, device=device)
 
     def __call__(self) -> None:
         self.buffer.zero_()

@@ -406,7 +406,7 @@ def _check_and_time(
                 message="rejected by guard side_thread: the candidate started a thread" + where,
             )
         for out in _tensors(new_out):
-            if type(out) is not torch.Tensor or out.is_meta or out.device.type != "cuda":
+            if type(out) is not torch.Tensor or out.is_meta or out.device.type != device.type:
                 kind = type(out).__name__ if type(out) is not torch.Tensor else f"a {out.device.type} tensor"
                 return Verdict(
                     "rejected",
@@ -504,7 +504,7 @@ def _check_and_time(
     free, _ = torch.cuda.mem_get_info()
     if input_bytes * 3 < free * 0.3:
         arg_sets += [_generate_inputs(ref, device, SEED + k) for k in (101, 202)]
-    flush = L2Flusher()
+    flush = L2Flusher(device)
     ref_t = time_cuda(model, arg_sets, warmup=WARMUP, trials=TIMING_TRIALS, flush=flush)
     new_t = time_cuda(model_new, arg_sets, warmup=WARMUP, trials=TIMING_TRIALS, flush=flush)
     wall = host_synchronized_ms(model_new, inputs)

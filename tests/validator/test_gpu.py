@@ -65,7 +65,7 @@ def references(shared_data: Path) -> dict[int, str]:
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[ValidatorPool]:
-    with ValidatorPool(8, timeout_s=120, cache_verdicts=False) as p:
+    with ValidatorPool(12, timeout_s=120, cache_verdicts=False) as p:
         assert p.gpu
         yield p
 
@@ -74,10 +74,12 @@ def pool() -> Iterator[ValidatorPool]:
 def verdicts(pool: ValidatorPool, references: dict[int, str]) -> dict[str, Verdict]:
     """Every KernelBench case submitted at once (parallel builds), keyed by candidate file."""
     jobs: dict[str, concurrent.futures.Future[Verdict]] = {}
+    # the correct candidates first: their 10 distinct builds start at once, the rest reuse them
     for pid, stem in PROBLEMS.items():
         jobs[f"level1_{pid}_{stem}.py"] = pool.submit_kernelbench(
             references[pid], candidate(f"level1_{pid}_{stem}.py")
         )
+    for pid, stem in PROBLEMS.items():
         jobs[f"level1_{pid}_{stem}_wrong.py"] = pool.submit_kernelbench(
             references[pid], candidate(f"level1_{pid}_{stem}_wrong.py"), timing=False
         )
