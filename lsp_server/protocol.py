@@ -3,12 +3,14 @@
 1. Positions are always UTF-16: ``dice.cuda_source.PositionIndex`` (the one place that converts) works in
    UTF-16 code units, so a client offering ``utf-8`` first (Neovim does) must not switch the encoding.
 2. ``workspace/executeCommand`` keeps the client's ``workDoneToken`` for the command (see WORK_DONE_TOKEN).
-3. A request whose params do not fit the method's type gets an ``InvalidParams`` error response instead of
+3. ``$/cancelRequest`` of an executeCommand cancels the command's task (pygls alone does not).
+4. A request whose params do not fit the method's type gets an ``InvalidParams`` error response instead of
    being dropped silently (pygls would log it and the client would wait forever).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextvars import ContextVar
 from types import SimpleNamespace
@@ -30,6 +32,19 @@ WORK_DONE_TOKEN: ContextVar[types.ProgressToken | None] = ContextVar("dice_work_
 
 
 class DiceProtocol(LanguageServerProtocol):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # executeCommand request id -> the task running the command. pygls runs commands inside its
+        # builtin executeCommand generator, so $/cancelRequest would only cancel the generator's
+        # result future and the command would run on; this map lets the cancel reach the command.
+        self.command_tasks: dict[Any, asyncio.Task] = {}
+
+    def _handle_cancel_notification(self, msg_id: Any) -> None:
+        task = self.command_tasks.pop(msg_id, None)
+        super()._handle_cancel_notification(msg_id)
+        if task is not None:
+            task.cancel()
+
     @lsp_method(types.INITIALIZE)
     def lsp_initialize(self, params: types.InitializeParams):  # type: ignore[override]
         general = params.capabilities.general

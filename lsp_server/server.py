@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -147,7 +148,15 @@ def _register_command(server: DiceLanguageServer, session: DiceSession, name: st
     # pygls maps command arguments to handler parameters; one *args handler (unannotated, so pygls
     # passes the JSON values through) keeps parsing and its error messages in actions.parse_arguments.
     async def handler(*args) -> dict[str, Any]:  # noqa: ANN002
-        return await execute(session, name, list(args), WORK_DONE_TOKEN.get())
+        protocol = server.protocol
+        msg_id = protocol.msg_id
+        task = asyncio.current_task()
+        if msg_id is not None and task is not None:
+            protocol.command_tasks[msg_id] = task
+        try:
+            return await execute(session, name, list(args), WORK_DONE_TOKEN.get())
+        finally:
+            protocol.command_tasks.pop(msg_id, None)
 
     server.command(name)(handler)
 
