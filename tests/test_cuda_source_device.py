@@ -224,3 +224,59 @@ def test_example_specs_pass_with_the_solution_and_fail_with_holes(name: str) -> 
         outcomes[variant] = torch.allclose(got, expected, atol=namespace.get("atol", 1e-2),
                                            rtol=namespace.get("rtol", 1e-2))
     assert outcomes == {"solutions": True, "examples": False}
+
+
+@pytest.mark.parametrize(("body", "expect"), [
+    ("x[0] = INFINITY + M_PI;", "#include <cuda/std/cmath>"),
+    ("int64_t i = n; x[0] = (float)i;", "using cuda::std::int64_t;"),
+    ("x[0] = std::max(x[1], x[2]) + std::sqrt(x[3]);", "using ::max;"),
+    ("x[0] = std::numeric_limits<float>::lowest();", "#include <cuda/std/limits>"),
+    ("x[0] = FLT_MAX;", "#include <cuda/std/cfloat>"),
+])
+def test_standard_names_that_nvcc_makes_visible_compile_under_nvrtc(body: str, expect: str) -> None:
+    """torch/extension.h (or nvcc's implicit <math.h>) makes these visible; NVRTC needs libcu++ twins."""
+    text = f"#include <torch/extension.h>\n\n__global__ void k(float* x, int n) {{\n    {body}\n}}\n" \
+           "torch::Tensor run(torch::Tensor x) { return x; }\n"
+    device = extract_device_code(text)
+    assert expect in device.source
+    assert "torch" not in device.source
+    kernel_line = device.source.splitlines().index(f"    {body}")
+    assert device.line_map[kernel_line] == 3
+    ok, log = nvrtc_compile(device.source)
+    assert ok, log
+
+
+def test_host_only_std_use_adds_no_headers() -> None:
+    text = "#include <cstdio>\n#include <cmath>\n__global__ void k(float* x) { x[0] = expf(x[1]); }\n" \
+           "int main() { std::printf(\"%f\", std::sqrt(2.0)); }\n"
+    device = extract_device_code(text)
+    assert "#include" not in device.source
+    assert set(device.dropped_includes) == {"cstdio", "cmath"}
+
+
+def test_real_kernelbench_cuda_sources_compile_after_extraction(shared_data: Path) -> None:
+    """load_inline CUDA strings from the KernelBench PR 67 SFT set (torch/extension.h, host wrappers with
+    <<<>>> launches): the extracted device code compiles with NVRTC."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = shared_data / "kernelbench-pr67-dsr1" / "sft_dataset_best_4_eval.parquet"
+    if not path.exists():
+        pytest.skip(f"{path} is absent")
+    sources = []
+    for row in pq.read_table(path).to_pylist():
+        match = re.search(r"```python\n(.*?)```", row["answer"], re.S)
+        try:
+            module = ast.parse(match.group(1) if match else row["answer"])
+        except SyntaxError:
+            continue
+        sources += [node.value for node in ast.walk(module) if isinstance(node, ast.Constant)
+                    and isinstance(node.value, str) and "__global__" in node.value
+                    and not parse_document(node.value).has_errors]  # a few answers are cut off mid-kernel
+    assert len(sources) >= 12
+    failures = []
+    for source in sources[::max(1, len(sources) // 12)][:12]:
+        device = extract_device_code(source)
+        assert device.has_host_code and "<<<" not in device.source
+        ok, log = nvrtc_compile(device.source)
+        if not ok:
+            failures.append(log[:400])
+    assert not failures, failures

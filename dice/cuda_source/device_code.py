@@ -77,7 +77,19 @@ _LIBCUXX_TWINS = {
     "stdint.h": "cstdint", "float.h": "cfloat", "limits.h": "climits", "math.h": "cmath",
     "stddef.h": "cstddef", "stdlib.h": "cstdlib", "string.h": "cstring", "assert.h": "cassert",
 }
-_STD_ALIAS = "namespace std { using namespace cuda::std; }"
+# `namespace cuda { namespace std {} }` first: <cuda/std/cfloat> and <cuda/std/climits> are macros only.
+_STD_ALIAS = "namespace cuda { namespace std {} } namespace std { using namespace cuda::std; }"
+# CUDA's global max/min overloads (always visible in device code) for code written against <algorithm>.
+_STD_MINMAX = "namespace std { using ::max; using ::min; }"
+# POSIX constants <math.h> gives under nvcc but libcu++ does not define.
+_MATH_MACROS = {
+    "M_PI": "3.14159265358979323846", "M_PI_2": "1.57079632679489661923", "M_PI_4": "0.78539816339744830962",
+    "M_1_PI": "0.31830988618379067154", "M_2_PI": "0.63661977236758134308",
+    "M_2_SQRTPI": "1.12837916709551257390", "M_SQRT2": "1.41421356237309504880",
+    "M_SQRT1_2": "0.70710678118654752440", "M_E": "2.7182818284590452354", "M_LN2": "0.69314718055994530942",
+    "M_LN10": "2.30258509299404568402", "M_LOG2E": "1.4426950408889634074",
+    "M_LOG10E": "0.43429448190325182765",
+}
 # <cstdint> puts the fixed-width types in the global namespace too; kernels use them unqualified.
 _GLOBAL_INT_TYPES = "using cuda::std::int8_t; using cuda::std::int16_t; using cuda::std::int32_t; " \
     "using cuda::std::int64_t; using cuda::std::uint8_t; using cuda::std::uint16_t; " \
@@ -93,11 +105,51 @@ _TWIN_NAMES = {
     "climits": frozenset({"CHAR_BIT", "SCHAR_MIN", "SCHAR_MAX", "UCHAR_MAX", "CHAR_MIN", "CHAR_MAX",
                           "SHRT_MIN", "SHRT_MAX", "USHRT_MAX", "INT_MIN", "INT_MAX", "UINT_MAX", "LONG_MIN",
                           "LONG_MAX", "ULONG_MAX", "LLONG_MIN", "LLONG_MAX", "ULLONG_MAX"}),
-    "cstddef": frozenset({"ptrdiff_t", "max_align_t", "nullptr_t", "byte"}),
+    "cstddef": frozenset({"ptrdiff_t", "max_align_t"}),
 }
+# Twins chosen by what the code uses; any other twin (<array>, <tuple>...) is kept when `std` is used.
+_BY_USAGE = frozenset({"cstdint", "cmath", "climits", "cfloat", "cstddef", "limits", "type_traits",
+                       "utility"})
 _TWIN_PREFIXES = {"cstdint": ("INT8_", "INT16_", "INT32_", "INT64_", "UINT8_", "UINT16_", "UINT32_",
                               "UINT64_", "INTPTR_", "UINTPTR_", "SIZE_MAX"),
                   "cfloat": ("FLT_", "DBL_", "LDBL_")}
+_CMATH_FUNCTIONS = frozenset({
+    "sqrt", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "pow", "fabs", "abs", "floor", "ceil",
+    "round", "trunc", "tanh", "tan", "sin", "cos", "sinh", "cosh", "asin", "acos", "atan", "atan2", "erf",
+    "erfc", "fmax", "fmin", "fma", "isinf", "isnan", "isfinite", "cbrt", "hypot", "copysign", "signbit",
+    "fmod", "lgamma", "tgamma", "rint", "nearbyint",
+})
+_TYPE_TRAITS = frozenset({"is_same", "enable_if", "enable_if_t", "conditional", "conditional_t",
+                          "is_floating_point", "is_integral", "is_signed", "is_unsigned", "remove_cv",
+                          "remove_reference", "decay", "is_same_v", "integral_constant", "true_type",
+                          "false_type", "remove_cv_t", "decay_t", "is_arithmetic"})
+_UTILITY = frozenset({"swap", "pair", "make_pair", "move", "forward", "declval", "exchange"})
+# Byte strings whose absence means no standard header can be needed (a cheap test before walking names).
+_TRIGGER_WORDS = (b"std", b"INFINITY", b"NAN", b"HUGE_VAL", b"int8_t", b"int16_t", b"int32_t", b"int64_t",
+                  b"intptr_t", b"FLT_", b"DBL_", b"_MAX", b"_MIN", b"CHAR_BIT", b"M_")
+
+
+def _twins_needed(used: set[str]) -> set[str]:
+    """libcu++ twins (``cmath``, ``cstdint``...) that code using the identifiers ``used`` needs."""
+    needed: set[str] = set()
+    for twin, names in _TWIN_NAMES.items():
+        if names & used:
+            needed.add(twin)
+    for twin, prefixes in _TWIN_PREFIXES.items():
+        if any(name.startswith(prefixes) for name in used):
+            needed.add(twin)
+    if "numeric_limits" in used:
+        needed.add("limits")
+    if "std" in used:
+        if _CMATH_FUNCTIONS & used:
+            needed.add("cmath")
+        if _TYPE_TRAITS & used:
+            needed.add("type_traits")
+        if _UTILITY & used:
+            needed.add("utility")
+    return needed
+
+
 _NAME_QUERY = tree_sitter.Query(
     LANGUAGE, "[(identifier) (type_identifier) (namespace_identifier) (primitive_type)] @name")
 _MACRO_QUERY = tree_sitter.Query(LANGUAGE, """
@@ -135,8 +187,8 @@ class _Extractor:
         self.edits: list[tuple[int, int, bytes]] = []
         self.has_host_code = False
         self.dropped_includes: list[str] = []
-        self._std_aliased = False
         self._twins: list[tuple[int, int, str, str]] = []
+        self._include_drops: list[tuple[int, int, bytes]] = []
 
     def run(self, root: tree_sitter.Node) -> None:
         # An explicit stack, not recursion: `#if` blocks nest as deep as the user likes.
@@ -190,33 +242,62 @@ class _Extractor:
         twin = _LIBCUXX_TWINS.get(header)
         if twin is None:
             self.dropped_includes.append(header)
-            self.edits.append((node.start_byte, end, b""))
+            drop = (node.start_byte, end, b"")
+            self.edits.append(drop)
+            self._include_drops.append(drop)
         else:
             self._twins.append((node.start_byte, end, header, twin))
 
     def finish(self, root: tree_sitter.Node) -> None:
-        """Resolve standard headers: a libcu++ twin only where the kept code uses what the header declares.
+        """Standard headers: a libcu++ twin where the kept device code uses what the header declares.
 
         Files often include <cstdio> or <cmath> for their host code only; rewriting those would make the
-        compile depend on libcu++ being on NVRTC's include path for nothing.
+        compile depend on libcu++ for nothing. The other way round, nvcc makes <math.h> and friends visible
+        without an include (and torch/extension.h brings <cstdint>, <limits>...), so a kernel may use
+        ``INFINITY`` or ``int64_t`` with no include of its own: those twins are added where the first
+        dropped include was, or at the top of the file.
         """
-        if not self._twins:
+        if not self._twins and not any(word in self.data for word in _TRIGGER_WORDS):
             return
         used = _names_used(root, self.data, self.edits)
+        needed = _twins_needed(used)
+        blocks: list[tuple[int, int, list[str]]] = []
+        explicit: set[str] = set()
         for start, end, header, twin in self._twins:
-            wanted = "std" in used or bool(_TWIN_NAMES.get(twin, frozenset()) & used) or any(
-                name.startswith(_TWIN_PREFIXES.get(twin, ("\0",))) for name in used)
-            if not wanted:
+            wanted = twin in needed or ("std" in used and twin not in _BY_USAGE)
+            if wanted and twin not in explicit:
+                explicit.add(twin)
+                blocks.append((start, end, [twin]))
+            else:
                 self.dropped_includes.append(header)
                 self.edits.append((start, end, b""))
-                continue
-            lines = [f"#include <cuda/std/{twin}>"]
-            if not self._std_aliased:
+        implicit = sorted(needed - explicit)
+        fallbacks = [f"#ifndef {name}\n#define {name} {value}\n#endif" for name, value in _MATH_MACROS.items()
+                     if name in used]
+        if implicit or fallbacks:
+            anchor = next((e for e in sorted(self.edits) if e[2] == b"" and e in self._include_drops), None)
+            if anchor is not None:
+                self.edits.remove(anchor)
+                blocks.append((anchor[0], anchor[1], implicit + fallbacks))
+            else:
+                blocks.append((0, 0, implicit + fallbacks))
+        std_alias_pending = "std" in used
+        for start, end, items in sorted(blocks):
+            lines = []
+            for item in items:
+                if item.startswith("#"):
+                    lines.append(item)
+                    continue
+                lines.append(f"#include <cuda/std/{item}>")
+                if item == "cstdint":
+                    lines.append(_GLOBAL_INT_TYPES)
+            if std_alias_pending:
                 lines.append(_STD_ALIAS)
-                self._std_aliased = True
-            if twin == "cstdint":
-                lines.append(_GLOBAL_INT_TYPES)
-            self.edits.append((start, end, "\n".join(lines).encode()))
+                if used & {"max", "min"}:
+                    lines.append(_STD_MINMAX)
+                std_alias_pending = False
+            text = "\n".join(lines)
+            self.edits.append((start, end, (text + "\n" if start == end else text).encode()))
 
     def _template(self, node: tree_sitter.Node) -> None:
         inner = next((c for c in reversed(node.named_children)
