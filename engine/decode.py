@@ -122,6 +122,7 @@ def decode(
     policy = POLICIES[s.policy]
     schedule = transfer_schedule(bs, s.steps_per_block)
     threshold_policy = s.policy != "static"
+    need_entropy = s.policy == "entropy"
 
     # First decode block: each row's prompt tail, then masks.
     x = torch.full((b, bs), s.mask_id, dtype=torch.long)
@@ -165,14 +166,16 @@ def decode(
             if prev_clean is not None:
                 ids = torch.cat([prev_clean, x], 1)
                 ids_pos = torch.cat([pos - bs, pos], 1)
-                start = torch.tensor([start_slot - bs], device=device)
+                start = torch.full((1,), start_slot - bs, dtype=torch.long, device=device)
                 prev_clean = None
             else:
                 ids, ids_pos = x, pos
-                start = torch.tensor([start_slot], device=device)
+                start = torch.full((1,), start_slot, dtype=torch.long, device=device)  # no H2D copy
             logits = runner.step(cache, ids, ids_pos, start, bs)  # (B, bs, V)
             logits[..., s.mask_id] = float("-inf")  # the mask token is never a prediction
-            tokens, confidence, entropy = sample_tokens(logits, s.sampling, generator)
+            tokens, confidence, entropy = sample_tokens(
+                logits, s.sampling, generator, need_entropy=need_entropy
+            )
             quota = schedule[min(step, len(schedule) - 1)]
             commit = policy(confidence, entropy, masked, quota, s.threshold) & masked
             row_steps += masked.any(-1, keepdim=True)

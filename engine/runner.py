@@ -20,6 +20,10 @@ class EagerRunner:
         self.model = model
 
     def new_cache(self, batch_size: int, max_slots: int, block_size: int) -> KVCache:
+        # Slots rounded up to a multiple of 256 so that requests of similar length share one cache (and, on
+        # the graph runner, one capture); the extra slots are masked. Both runners round alike, so they run
+        # the very same attention shapes.
+        max_slots = -(-max_slots // 256) * 256
         cfg = self.model.config
         p = self.model.lm_head.weight
         return KVCache(
@@ -72,8 +76,7 @@ class CudaGraphRunner(EagerRunner):
         self._caches: dict[tuple[int, int, int], KVCache] = {}
 
     def new_cache(self, batch_size: int, max_slots: int, block_size: int) -> KVCache:
-        # Reuse caches (and so their graphs) across generations of the same shape.
-        key = (batch_size, max_slots, block_size)
+        key = (batch_size, -(-max_slots // 256) * 256, block_size)
         if key not in self._caches:
             self._caches[key] = super().new_cache(batch_size, max_slots, block_size)
         return self._caches[key]

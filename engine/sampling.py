@@ -10,7 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 NEG_INF = float("-inf")
@@ -53,32 +52,40 @@ def filter_logits(logits: Tensor, top_k: int | None, top_p: float | None) -> Ten
 
 
 def sample_tokens(
-    logits: Tensor, params: SamplingParams, generator: torch.Generator | None = None
-) -> tuple[Tensor, Tensor, Tensor]:
-    """tokens (B, L), confidence (B, L), entropy (B, L) from float logits (B, L, V).
+    logits: Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+    *,
+    need_entropy: bool = False,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """tokens (B, L), confidence (B, L), entropy (B, L) or None, from float logits (B, L, V).
 
-    Sampling uses the exponential-race form of categorical sampling (argmax of p / Exp(1)), which draws
-    exactly from p without a host sync. Entropy is of the unfiltered distribution (for the EB policy).
+    Sampling uses the exponential-race form of categorical sampling (argmax of q / Exp(1)), which draws
+    exactly from q without a host sync. Unfiltered confidences come from one logsumexp pass; the entropy
+    (of the unfiltered distribution, for the EB policy) only when asked, as it costs two more passes.
     """
     logits = logits.float()
     scaled = logits / params.temperature if params.temperature > 0 else logits
-    log_p = F.log_softmax(scaled, dim=-1)  # unfiltered
-    p = log_p.exp()
-    entropy = -(p * log_p).nan_to_num().sum(-1)
+    lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
+    entropy = None
+    if need_entropy:
+        log_p = scaled - lse
+        entropy = -(log_p.exp() * log_p).nan_to_num().sum(-1)
     if params.temperature == 0:
-        tokens = logits.argmax(-1)
+        tokens = scaled.argmax(-1)
+        if params.filtered_confidence:  # the filtered distribution of greedy decoding is one-hot
+            return tokens, torch.ones(tokens.shape, device=tokens.device), entropy
+    else:
+        q = filter_logits(scaled, params.top_k, params.top_p).softmax(-1)
+        race = torch.empty_like(q).exponential_(1.0, generator=generator)
+        tokens = (q / race).argmax(-1)
         if params.filtered_confidence:
-            return tokens, torch.ones_like(entropy), entropy  # the filtered distribution is one-hot
-        return tokens, p.gather(-1, tokens[..., None])[..., 0], entropy
-    filtered = filter_logits(scaled, params.top_k, params.top_p)
-    q = filtered.softmax(-1)
-    race = torch.empty_like(q).exponential_(1.0, generator=generator)
-    tokens = (q / race).argmax(-1)
-    source = q if params.filtered_confidence else p
-    return tokens, source.gather(-1, tokens[..., None])[..., 0], entropy
+            return tokens, q.gather(-1, tokens[..., None])[..., 0], entropy
+    confidence = (scaled.gather(-1, tokens[..., None]) - lse).exp()[..., 0]
+    return tokens, confidence, entropy
 
 
-Policy = Callable[[Tensor, Tensor, Tensor, int, float], Tensor]
+Policy = Callable[[Tensor, Tensor | None, Tensor, int, float], Tensor]
 
 
 def static_policy(
@@ -104,6 +111,8 @@ def entropy_policy(
 ) -> Tensor:
     """EB-sampler: commit the lowest-entropy masked slots while their entropy sum stays below ``threshold``
     (nats), at least one."""
+    if entropy is None:
+        raise ValueError("the entropy policy needs entropies (sample_tokens(..., need_entropy=True))")
     ent = entropy.masked_fill(~masked, float("inf"))
     sorted_ent, order = torch.sort(ent, dim=-1, stable=True)
     count = (sorted_ent.cumsum(-1) < threshold).sum(-1, keepdim=True).clamp(min=1)

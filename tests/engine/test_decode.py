@@ -56,7 +56,7 @@ def uncached_decode(
             with torch.no_grad():
                 logits = eng.model(torch.tensor([done + x]))[:, block_start:].float()
             logits[..., mask_id] = float("-inf")
-            tokens, conf, ent = sample_tokens(logits, SamplingParams())
+            tokens, conf, ent = sample_tokens(logits, SamplingParams(), need_entropy=True)
             commit = policy(conf, ent, masked, schedule[min(step, steps - 1)], threshold) & masked
             n_steps += 1
             for j in range(bs):

@@ -1,0 +1,497 @@
+"""Engine speed on one GPU, all four measurements of issue 8 in one run.
+
+(a) ms per denoising step at batch 1 (512-token prompt, block 4) against the roofline, weight bytes over
+    the measured device copy bandwidth (bytes read + bytes written), at the 1.7B and 8B shapes;
+(b) generated tokens/s at 1 and 2 committed tokens per step (static policy, 4 and 2 steps per block);
+(c) the autoregressive baseline: transformers ``Qwen3ForCausalLM.generate`` at the 8B shape, eager and with a
+    static cache + ``torch.compile``, on the very same weights;
+(d) batch 64 and 128 throughput at the 4B shape.
+
+Weights are random bf16, built directly on the GPU (speed does not depend on their values). The configs are
+the SDAR release's config.json values (4B/8B; 1.7B inferred from Qwen3-1.7B), embedded below so the script
+needs no data files. Results: ``<out>/engine_h200.json`` and ``engine_h200.md``, written after every section.
+
+    python benchmarks/engine_bench.py --out benchmarks/results        # full run (~4-5 min on an H200)
+    python benchmarks/engine_bench.py --quick --out /tmp/bench         # every code path, small shapes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.engine import Engine  # noqa: E402
+from engine.model import DiceModel, ModelConfig, param_bytes  # noqa: E402
+from engine.tokenizer import Tokenizer  # noqa: E402
+
+BASE = {
+    "model_type": "sdar",
+    "architectures": ["SDARForCausalLM"],
+    "vocab_size": 151936,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000,
+    "max_position_embeddings": 32768,
+    "block_size": 4,
+    "mask_token_id": 151669,
+    "eos_token_id": 151643,
+    "torch_dtype": "bfloat16",
+}
+CONFIGS = {
+    "1.7B": BASE
+    | {
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "tie_word_embeddings": True,
+    },
+    "4B": BASE
+    | {
+        "hidden_size": 2560,
+        "intermediate_size": 9728,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "tie_word_embeddings": False,
+    },
+    "8B": BASE
+    | {
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "tie_word_embeddings": False,
+    },
+}
+PROMPT_LEN = 512
+DEV = "cuda"  # --smoke-cpu switches everything to the CPU (tiny shapes) to check the script itself
+EOS, PAD, MASK, IM_START, IM_END = 151643, 151643, 151669, 151644, 151645
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def bench_tokenizer() -> Tokenizer:
+    """The engine needs only the special ids here; prompts are random ids."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models
+
+    return Tokenizer(
+        Backend(models.BPE()), eos_id=EOS, pad_id=PAD, mask_id=MASK, im_start_id=IM_START, im_end_id=IM_END
+    )
+
+
+def random_model(cfg: ModelConfig, seed: int = 0) -> DiceModel:
+    with torch.device(DEV):
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            model = DiceModel(cfg)
+        finally:
+            torch.set_default_dtype(prev)
+    model.init_weights(std=0.02, seed=seed)
+    return model.eval()
+
+
+def sync() -> None:
+    if DEV == "cuda":
+        sync()
+
+
+def cuda_time(fn, repeats: int) -> list[float]:
+    """Seconds per call, each timed with CUDA events (a host clock on the CPU smoke run)."""
+    out = []
+    for _ in range(repeats):
+        if DEV != "cuda":
+            t = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t)
+            continue
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) / 1e3)
+    return out
+
+
+def copy_bandwidth() -> float:
+    """Device copy bandwidth in bytes/s, bytes read plus bytes written (median of 20 4-GiB copies)."""
+    n = 4 << 30 if DEV == "cuda" else 64 << 20
+    src = torch.randint(0, 255, (n,), dtype=torch.uint8, device=DEV)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = cuda_time(lambda: dst.copy_(src), 20)
+    return 2 * n / statistics.median(times)
+
+
+def random_prompts(batch: int, length: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 150000, (batch, length), generator=g).tolist()
+
+
+def step_ms(eng: Engine, runner, block: int, length: int, repeats: int) -> float:
+    """Median ms of one denoising-step forward (length = block, or 2*block for a block's first step)."""
+    cache = runner.new_cache(1, PROMPT_LEN + 64, block)
+    cache.reset([0])
+    runner.prepare(cache, (block, 2 * block), block)
+    ids = torch.tensor(random_prompts(1, PROMPT_LEN, 1), device=DEV)
+    runner.prefill(cache, ids, torch.arange(PROMPT_LEN, device=DEV)[None])
+    x = torch.full((1, length), MASK, dtype=torch.long, device=DEV)
+    pos = torch.arange(PROMPT_LEN, PROMPT_LEN + length, device=DEV)[None]
+    start = torch.full((1,), PROMPT_LEN, dtype=torch.long, device=DEV)
+    for _ in range(3):
+        runner.step(cache, x, pos, start, block)
+    inner = 20
+
+    def run() -> None:
+        for _ in range(inner):
+            runner.step(cache, x, pos, start, block)
+
+    return statistics.median(cuda_time(run, repeats)) / inner * 1e3
+
+
+def generate_rate(eng: Engine, prompts: list[list[int]], new_tokens: int, steps: int, repeats: int) -> dict:
+    """Whole generate() calls (prefill + decode + host work), and the decode-only rate from the difference
+    with a one-block generation of the same prompts (which shares the prefill and the captured graphs)."""
+
+    def timed(n: int) -> tuple[float, Any]:
+        times, out = [], None
+        for _ in range(repeats):
+            sync()
+            t = time.perf_counter()
+            out = eng.generate(prompts, max_new_tokens=n, steps_per_block=steps, stop_ids=[])
+            sync()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times), out
+
+    eng.generate(prompts, max_new_tokens=new_tokens, steps_per_block=steps, stop_ids=[])  # capture graphs
+    sec, out = timed(new_tokens)
+    short_sec, short = timed(4)
+    made = sum(len(r) for r in out.ids)
+    made_short = sum(len(r) for r in short.ids)
+    decode_sec = sec - short_sec
+    return {
+        "seconds": sec,
+        "tokens": made,
+        "tokens_per_s": made / sec,
+        "denoising_steps": out.steps,
+        "ms_per_step_overall": sec / out.steps * 1e3,
+        "batch": len(prompts),
+        "new_tokens": new_tokens,
+        "steps_per_block": steps,
+        "prompt_len": len(prompts[0]),
+        "one_block_seconds": short_sec,
+        "decode_tokens_per_s": (made - made_short) / decode_sec,
+        "decode_ms_per_step": decode_sec / (out.steps - short.steps) * 1e3,
+    }
+
+
+def hf_model(model: DiceModel, device: str | None = None):
+    """transformers Qwen3ForCausalLM sharing the DiceModel's weight tensors (same key names)."""
+    import transformers
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    c = model.config
+    hf_cfg = transformers.Qwen3Config(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads,
+        head_dim=c.head_dim,
+        rms_norm_eps=c.rms_norm_eps,
+        rope_theta=c.rope_theta,
+        max_position_embeddings=c.max_position_embeddings,
+        tie_word_embeddings=c.tie_word_embeddings,
+        torch_dtype="bfloat16",
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+    )
+    with torch.device("meta"):
+        hf = transformers.Qwen3ForCausalLM(hf_cfg)
+    hf.load_state_dict(model.state_dict(), strict=False, assign=True)
+    with torch.device(device or DEV):  # the rotary buffers are not in the state dict
+        hf.model.rotary_emb = Qwen3RotaryEmbedding(config=hf_cfg)
+    if c.tie_word_embeddings:
+        hf.lm_head.weight = hf.model.embed_tokens.weight
+    leftover = [n for n, p in list(hf.named_parameters()) + list(hf.named_buffers()) if p.is_meta]
+    assert not leftover, leftover
+    return hf.eval()
+
+
+def hf_rate(hf, new_tokens: int, repeats: int, compiled: bool) -> dict:
+    """HF generate at batch 1; the eager warm-up is short, the compiled one uses the timed shape twice."""
+    ids = torch.tensor(random_prompts(1, PROMPT_LEN, 1), device=DEV)
+    kwargs: dict[str, Any] = dict(
+        max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=PAD
+    )
+    if compiled:
+        hf.generation_config.cache_implementation = "static"
+        if hasattr(hf.generation_config, "disable_compile"):
+            hf.generation_config.disable_compile = True  # compile explicitly below, once
+        hf.forward = torch.compile(hf.forward, mode="reduce-overhead", fullgraph=True)
+    t = time.perf_counter()
+    with torch.inference_mode():
+        for _ in range(2 if compiled else 1):
+            hf.generate(ids, **(kwargs if compiled else kwargs | {"max_new_tokens": 4, "min_new_tokens": 4}))
+    warm = time.perf_counter() - t
+    times = []
+    for _ in range(repeats):
+        sync()
+        t = time.perf_counter()
+        with torch.inference_mode():
+            out = hf.generate(ids, **kwargs)
+        sync()
+        times.append(time.perf_counter() - t)
+    made = out.shape[1] - ids.shape[1]
+    sec = statistics.median(times)
+    return {
+        "seconds": sec,
+        "tokens": made,
+        "tokens_per_s": made / sec,
+        "warmup_s": warm,
+        "mode": "static cache + torch.compile(reduce-overhead)" if compiled else "eager, dynamic cache",
+    }
+
+
+class Report:
+    def __init__(self, out: Path, argv: list[str]) -> None:
+        self.out = out
+        out.mkdir(parents=True, exist_ok=True)
+        gpu = torch.cuda.get_device_properties(0) if DEV == "cuda" else None
+        self.data: dict[str, Any] = {
+            "machine": {
+                "gpu": gpu.name if gpu else "none (CPU smoke run)",
+                "gpu_memory_gib": round(gpu.total_memory / 2**30, 1) if gpu else 0,
+                "torch": torch.__version__,
+                "cuda": torch.version.cuda,
+                "python": platform.python_version(),
+                "host": platform.node(),
+            },
+            "command": "python " + " ".join(argv),
+            "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+            "sections": {},
+        }
+        try:
+            import transformers
+
+            self.data["machine"]["transformers"] = transformers.__version__
+        except ImportError:
+            pass
+
+    def add(self, key: str, value: Any) -> None:
+        self.data["sections"][key] = value
+        self.write()
+
+    def write(self) -> None:
+        (self.out / "engine_h200.json").write_text(json.dumps(self.data, indent=2) + "\n")
+        (self.out / "engine_h200.md").write_text(self.markdown())
+
+    def markdown(self) -> str:
+        d, s = self.data, self.data["sections"]
+        m = d["machine"]
+        lines = [
+            "# Engine benchmark (issue 8)",
+            "",
+            f"Machine: {m['gpu']} ({m['gpu_memory_gib']} GiB), torch {m['torch']} (CUDA {m['cuda']}), "
+            f"transformers {m.get('transformers', '-')}, Python {m['python']}. Date: {d['date_utc']} UTC.",
+            f"Command: `{d['command']}`",
+            "",
+            "Random bf16 weights at the real shapes, batch 1, 512-token prompt, block 4, CUDA-graph runner.",
+            "",
+        ]
+        if "bandwidth" in s:
+            lines += [
+                f"Measured copy bandwidth (read + write): **{s['bandwidth']['tb_per_s']:.2f} TB/s**.",
+                "",
+            ]
+        lines += [
+            "## (a) ms per denoising step vs roofline",
+            "",
+            "| model | weights | roofline ms | graph step ms (4 tok) | x roofline "
+            "| first step of block (8 tok) | eager step ms |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for name in ("1.7B", "8B", "4B"):
+            r = s.get(f"step_{name}")
+            if r:
+                lines.append(
+                    f"| {name} | {r['weight_gb']:.2f} GB | {r['roofline_ms']:.2f} | {r['graph_ms']:.2f} | "
+                    f"{r['graph_ms'] / r['roofline_ms']:.2f} | {r['graph_ms_8']:.2f} | {r['eager_ms']:.2f} |"
+                )
+        lines += [
+            "",
+            "## (b) generated tokens/s, batch 1",
+            "",
+            "| model | tokens/step | steps/block | new tokens | tok/s (whole call) | tok/s (decode only) "
+            "| ms/step (decode only) |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for name in ("1.7B", "8B"):
+            for k in (1, 2):
+                r = s.get(f"gen_{name}_{k}")
+                if r:
+                    lines.append(
+                        f"| {name} | {k} | {r['steps_per_block']} | {r['new_tokens']} | "
+                        f"{r['tokens_per_s']:.1f} | {r['decode_tokens_per_s']:.1f} | "
+                        f"{r['decode_ms_per_step']:.2f} |"
+                    )
+        lines += [
+            "",
+            "## (c) autoregressive baseline: HF Qwen3ForCausalLM.generate, same weights",
+            "",
+            "| model | mode | new tokens | tok/s | warm-up s |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for key in ("hf_eager", "hf_compiled"):
+            r = s.get(key)
+            if r and "tokens_per_s" in r:
+                lines.append(
+                    f"| {r['model']} | {r['mode']} | {r['tokens']} | {r['tokens_per_s']:.1f} | "
+                    f"{r['warmup_s']:.1f} |"
+                )
+            elif r:
+                lines.append(f"| {r.get('model', '-')} | {key} | - | not measured: {r.get('skipped')} | - |")
+        if "ar_limit" in s:
+            a = s["ar_limit"]
+            lines += [
+                "",
+                f"AR physical limit at this shape: {a['weight_gb']:.2f} GB of weights / "
+                f"{a['tb_per_s']:.2f} TB/s = **{a['tokens_per_s']:.0f} tok/s**.",
+            ]
+        lines += [
+            "",
+            "## (d) batched throughput at the 4B shape (512-token prompts)",
+            "",
+            "| batch | tokens/step/row | new tokens/row | tok/s, whole call (all rows) | tok/s, decode only "
+            "| ms/step, decode only |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for b in sorted({int(k.split("_")[1]) for k in s if k.startswith("batch_")}):
+            for k in (1, 2):
+                r = s.get(f"batch_{b}_{k}")
+                if r:
+                    lines.append(
+                        f"| {b} | {k} | {r['new_tokens']} | {r['tokens_per_s']:.0f} | "
+                        f"{r['decode_tokens_per_s']:.0f} | {r['decode_ms_per_step']:.2f} |"
+                    )
+        if s.get("notes"):
+            lines += ["", "## Notes", ""] + [f"- {n}" for n in s["notes"]]
+        return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--quick", action="store_true", help="4-layer shapes, few tokens: checks every path fast")
+    p.add_argument(
+        "--budget-s", type=float, default=200.0, help="start the HF compile section only before this"
+    )
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument(
+        "--smoke-cpu", action="store_true", help="check the script on a CPU (tiny shapes, no HF compile)"
+    )
+    args = p.parse_args(argv)
+    global DEV, PROMPT_LEN
+    batches = (64, 128)
+    shrink: dict[str, Any] = {}
+    if args.smoke_cpu:
+        DEV, PROMPT_LEN, batches = "cpu", 32, (2, 3)
+        shrink = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 8, "head_dim": 16}
+        args.quick = True
+    t0 = time.perf_counter()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    rep = Report(args.out, sys.argv if argv is None else ["benchmarks/engine_bench.py", *argv])
+    notes: list[str] = []
+    layers = ({"num_hidden_layers": 4} if args.quick else {}) | shrink
+    new = 32 if args.quick else args.new_tokens
+    hf_new = 16 if args.quick else 64
+    keep_8b: tuple[DiceModel, Any] | None = None
+    repeats = 2 if args.quick else 3
+
+    bw = copy_bandwidth()
+    rep.add(
+        "bandwidth", {"bytes_per_s": bw, "tb_per_s": bw / 1e12, "method": "4 GiB uint8 copy_, median of 20"}
+    )
+    log(f"copy bandwidth {bw / 1e12:.2f} TB/s")
+    tok = bench_tokenizer()
+
+    for name in ("1.7B", "8B"):
+        cfg = ModelConfig.from_dict(CONFIGS[name] | layers)
+        model = random_model(cfg)
+        wbytes = param_bytes(model)
+        eng = Engine(model, tok, name=name, cuda_graphs=DEV == "cuda")
+        eager = Engine(model, tok, name=name, cuda_graphs=False)
+        r = {
+            "weight_gb": wbytes / 1e9,
+            "roofline_ms": wbytes / bw * 1e3,
+            "graph_ms": step_ms(eng, eng.runner, 4, 4, repeats + 2),
+            "graph_ms_8": step_ms(eng, eng.runner, 4, 8, repeats + 2),
+            "eager_ms": step_ms(eager, eager.runner, 4, 4, repeats),
+        }
+        rep.add(f"step_{name}", r)
+        log(
+            f"{name}: step {r['graph_ms']:.2f} ms, roofline {r['roofline_ms']:.2f}, eager {r['eager_ms']:.2f}"
+        )
+        prompt = random_prompts(1, PROMPT_LEN, 2)
+        for k, steps in ((1, 4), (2, 2)):
+            g = generate_rate(eng, prompt, new, steps, repeats)
+            rep.add(f"gen_{name}_{k}", g)
+            log(f"{name}: {k} tok/step: {g['tokens_per_s']:.1f} tok/s, {g['decode_tokens_per_s']:.1f} decode")
+        if name == "8B":
+            rep.add(
+                "ar_limit", {"weight_gb": wbytes / 1e9, "tb_per_s": bw / 1e12, "tokens_per_s": bw / wbytes}
+            )
+            hf = hf_model(model)
+            r = hf_rate(hf, hf_new, 1, compiled=False) | {"model": name}
+            rep.add("hf_eager", r)
+            log(f"HF eager {r['tokens_per_s']:.1f} tok/s")
+            keep_8b = (model, hf)  # the compiled baseline runs last, when the time left is known
+        del eng, eager, model
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+
+    cfg = ModelConfig.from_dict(CONFIGS["4B"] | layers)
+    model = random_model(cfg)
+    eng = Engine(model, tok, name="4B", cuda_graphs=DEV == "cuda")
+    batch_new = 16 if args.quick else 64
+    for b in batches:
+        prompts = random_prompts(b, PROMPT_LEN, 3)
+        for k, steps in ((1, 4), (2, 2)):
+            g = generate_rate(eng, prompts, batch_new, steps, 1)
+            rep.add(f"batch_{b}_{k}", g)
+            log(f"4B batch {b}, {k} tok/step -> {g['decode_tokens_per_s']:.0f} tok/s decode")
+    del eng, model
+    if keep_8b is not None:
+        if DEV == "cuda" and time.perf_counter() - t0 < args.budget_s:
+            try:
+                r = hf_rate(keep_8b[1], hf_new, 2, compiled=True) | {"model": "8B"}
+            except Exception as exc:  # report, keep the rest of the run
+                r = {"model": "8B", "skipped": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        else:
+            r = {"model": "8B", "skipped": f"time budget ({args.budget_s:.0f} s) spent before it"}
+        rep.add("hf_compiled", r)
+        log(f"HF compiled: {r.get('tokens_per_s', r.get('skipped'))}")
+    notes.append(f"total wall time {time.perf_counter() - t0:.0f} s")
+    rep.add("notes", notes)
+    print(rep.markdown())
+
+
+if __name__ == "__main__":
+    main()
