@@ -11,14 +11,18 @@ NVRTC compiles device code only: a function without ``__device__``/``__global__`
 - drops host functions (``main``, launchers with ``<<<>>>``, anything calling ``cudaMalloc``), host
   prototypes and host variables; ``constexpr`` host functions are kept as ``__host__ __device__`` instead,
   because kernels use them in constant expressions (``cdiv``);
-- keeps includes NVRTC resolves (CUDA device headers, quoted user headers), rewrites C/C++ standard headers
-  to their libcu++ twins (``<cmath>`` -> ``<cuda/std/cmath>`` and ``namespace std`` aliased to ``cuda::std``)
-  and drops the rest (``<cuda_runtime.h>`` is implicit in NVRTC). The rewrites need libcu++ on the include
-  path (CuPy ships it in ``cupy/_core/include/cupy/_cccl/libcudacxx``).
+- keeps includes NVRTC resolves (CUDA device headers, quoted user headers) and drops the others
+  (``<cuda_runtime.h>`` is implicit in NVRTC; ``<vector>``, ``<torch/extension.h>``... are host-only);
+- gives C/C++ standard names the kept code uses their libcu++ twin: ``INFINITY`` -> ``<cuda/std/cmath>``,
+  ``int64_t`` -> ``<cuda/std/cstdint>``, ``FLT_MAX`` -> ``<cuda/std/cfloat>``, ``std::`` -> ``namespace std``
+  aliased to ``cuda::std`` (plus CUDA's global ``max``/``min``), ``M_PI`` -> a ``#define``. This happens
+  whether the file included the header or relied on nvcc/torch making it visible, and only for names the
+  device code uses: ``#include <cmath>`` for host code costs nothing. The twins need libcu++ on the
+  include path (CuPy ships it in ``cupy/_core/include/cupy/_cccl/libcudacxx``).
 
-Lines are never merged across a dropped region's line breaks except where the dropped code shared a line
-with kept code, so ``line_map[i]`` (0-based line of the original for output line ``i``) is exact for every
-kept line; inserted lines map to the line they replace.
+The output keeps the original line structure: a line that held only dropped code disappears, a line that
+shares kept and dropped code keeps its kept part, and added lines stand where the include they replace
+stood (or at the top). ``line_map[i]`` is the 0-based original line of output line ``i``.
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ from dataclasses import dataclass
 
 import tree_sitter
 
-from dice.cuda_source._parser import LANGUAGE, node_text, parse_bytes
-from dice.cuda_source.document import (
-    _function_declarator,
-    _kind_from_specifiers,
-    _qualifier_macros,
-    _scan_scopes,
+from dice.cuda_source._syntax import (
+    LANGUAGE,
+    function_declarator,
+    kind_from_specifiers,
+    node_text,
+    parse_bytes,
+    qualifier_macros,
+    scan_scopes,
 )
 from dice.cuda_source.positions import _LINE_BREAK, PositionIndex, decode_bytes, encode_text
 
@@ -171,7 +177,7 @@ def extract_device_code(text: str) -> DeviceCode:
         text = bytes(text).decode("utf-8", "replace")
     data = encode_text(text)
     root = parse_bytes(data).root_node
-    extractor = _Extractor(data, _qualifier_macros(_scan_scopes(root).macros, data))
+    extractor = _Extractor(data, qualifier_macros(scan_scopes(root).macros, data))
     extractor.run(root)
     extractor.finish(root)
     source, line_map = _apply(data, sorted(extractor.edits, key=lambda e: (e[0], e[1])))
@@ -316,11 +322,11 @@ class _Extractor:
                 self._function(nested, node)
 
     def _function(self, fn: tree_sitter.Node, top: tree_sitter.Node) -> None:
-        declarator = _function_declarator(fn.child_by_field_name("declarator"))
+        declarator = function_declarator(fn.child_by_field_name("declarator"))
         if declarator is None:
             return
         specifiers = [c for c in fn.children if c.end_byte <= declarator.start_byte]
-        if _kind_from_specifiers(specifiers, self.data, self.macros) != "host":
+        if kind_from_specifiers(specifiers, self.data, self.macros) != "host":
             return
         constexpr = any(node_text(self.data, c) == "constexpr" for c in specifiers
                         if c.type in ("type_qualifier", "storage_class_specifier"))
@@ -332,15 +338,15 @@ class _Extractor:
     def _declaration(self, decl: tree_sitter.Node, top: tree_sitter.Node) -> None:
         declarators = decl.children_by_field_name("declarator")
         specifiers = [c for c in decl.children if c not in declarators and c.type != ";"]
-        if any(_function_declarator(d) is not None or d.type == "function_declarator" for d in declarators):
-            if _kind_from_specifiers(specifiers, self.data, self.macros) == "host":
+        if any(function_declarator(d) is not None or d.type == "function_declarator" for d in declarators):
+            if kind_from_specifiers(specifiers, self.data, self.macros) == "host":
                 self._drop(top)
             return
         words = {node_text(self.data, c) for c in specifiers
                  if c.type in ("type_qualifier", "storage_class_specifier") or c.type.startswith("__")}
         if words & _DEVICE_VARIABLE_QUALIFIERS:
             return
-        if any(_kind_from_specifiers([c], self.data, self.macros) != "host" for c in specifiers
+        if any(kind_from_specifiers([c], self.data, self.macros) != "host" for c in specifiers
                if c.type in ("type_identifier", "identifier")):
             return  # a qualifier macro such as `#define DEV __device__`
         type_node = decl.child_by_field_name("type")

@@ -13,41 +13,36 @@ import bisect
 import re
 import textwrap
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import tree_sitter
 
-from dice.cuda_source._parser import COMMENT_QUERY, node_text, parse_bytes
+from dice.cuda_source._syntax import (
+    COMMENT_QUERY,
+    DECLARATOR_WRAPPERS,
+    EXECUTION_SPACES,
+    FunctionKind,
+    function_declarator,
+    kind_from_specifiers,
+    node_text,
+    parse_bytes,
+    qualifier_macros,
+    scan_scopes,
+)
 from dice.cuda_source.positions import PositionIndex, Range, encode_text
-
-FunctionKind = Literal["global", "device", "host"]
 
 # The regexes only ever see the text of one comment node; the C++ itself is parsed by tree-sitter.
 _MASK_COMMENT = re.compile(r"(?:/\*\s*<MASK(?::\s*(\d+)\s*)?>\s*\*/|//\s*<MASK(?::\s*(\d+)\s*)?>\s*)")
 _SPEC_HEADER = re.compile(r"\s*dice-spec\b:?")
 
-_EXECUTION_SPACES = {"__global__", "__device__", "__host__"}
-# Words that may make up a qualifier macro such as ``#define HD __host__ __device__ __forceinline__``.
-_QUALIFIER_WORDS = _EXECUTION_SPACES | {
-    "__forceinline__", "__noinline__", "__inline__", "inline", "static", "extern", "constexpr",
-}
 # Node types that may precede a function declarator in a (possibly broken) declaration.
-_DECL_SPECIFIER_TYPES = _EXECUTION_SPACES | {
+_DECL_SPECIFIER_TYPES = EXECUTION_SPACES | {
     "__forceinline__", "__noinline__", "primitive_type", "type_identifier", "sized_type_specifier",
     "type_qualifier", "storage_class_specifier", "launch_bounds", "template_type", "qualified_identifier",
     "virtual", "attribute_specifier", "attribute_declaration", "placeholder_type_specifier", "identifier",
     "struct_specifier", "class_specifier", "enum_specifier", "explicit_function_specifier",
 }
-# Nodes whose children may be definitions: namespace and class scopes, linkage and #if blocks, and ERROR
-# nodes (a half-typed definition leaves its pieces, and often the definitions after it, inside one).
-_SCOPE_TYPES = frozenset({
-    "translation_unit", "declaration_list", "namespace_definition", "linkage_specification", "preproc_if",
-    "preproc_ifdef", "preproc_else", "preproc_elif", "preproc_elifdef", "ERROR", "class_specifier",
-    "struct_specifier", "union_specifier", "field_declaration_list", "declaration", "field_declaration",
-})
 _MANY_HITS = 256
-_DECLARATOR_WRAPPERS = {"pointer_declarator", "reference_declarator", "attributed_declarator",
-                        "parenthesized_declarator"}
 
 
 @dataclass(frozen=True)
@@ -129,11 +124,10 @@ def parse_document(text: str | bytes) -> CudaDocument:
     index = PositionIndex(data)
     tree = parse_bytes(data)
     root = tree.root_node
-    scope = _scan_scopes(root)
-    qualifier_macros = _qualifier_macros(scope.macros, data)
-    functions = [info for node, top in scope.functions
-                 if (info := _function_info(node, top, data, qualifier_macros))]
-    functions += _recover_functions(scope.errors, data, qualifier_macros)
+    scope = scan_scopes(root)
+    macros = qualifier_macros(scope.macros, data)
+    functions = [info for node, top in scope.functions if (info := _function_info(node, top, data, macros))]
+    functions += _recover_functions(scope.errors, data, macros)
     functions.sort(key=lambda f: (f.start_byte, -f.end_byte))  # outer before inner, as _innermost needs
     masks: list[Mask] = []
     for node in _comments_containing(root, data, b"<MASK"):
@@ -246,85 +240,6 @@ def _spec_from_comment(node: tree_sitter.Node, data: bytes, positions: PositionI
 # ------------------------------------------------------------------------------------------- functions
 
 
-@dataclass
-class _Scopes:
-    functions: list[tuple[tree_sitter.Node, tree_sitter.Node]] = field(default_factory=list)  # (fn, outer)
-    errors: list[tree_sitter.Node] = field(default_factory=list)
-    macros: list[tree_sitter.Node] = field(default_factory=list)  # preproc_def nodes
-
-
-def _scan_scopes(root: tree_sitter.Node) -> _Scopes:
-    """Function definitions, ERROR nodes and ``#define``s at namespace or class scope.
-
-    Walking only the scopes that can hold definitions (never statement bodies) costs one visit per
-    top-level item, and stays fast on pathological nesting where tree-sitter queries go quadratic.
-    """
-    found = _Scopes()
-    stack: list[tuple[tree_sitter.Node, tree_sitter.Node | None]] = [(root, None)]
-    while stack:
-        node, template = stack.pop()
-        if node.type == "ERROR":
-            found.errors.append(node)
-        for child in node.children:
-            kind = child.type
-            if kind == "function_definition":
-                found.functions.append((child, template or child))
-            elif kind == "template_declaration":
-                stack.append((child, template or child))
-            elif kind == "preproc_def":
-                found.macros.append(child)
-            elif kind in _SCOPE_TYPES:
-                stack.append((child, None))
-    return found
-
-
-def _qualifier_macros(defines: list[tree_sitter.Node], data: bytes) -> dict[str, frozenset[str]]:
-    """Object-like macros that expand only to qualifiers, e.g. ``#define HD __host__ __device__``."""
-    macros: dict[str, frozenset[str]] = {}
-    for define in defines:
-        name, value = define.child_by_field_name("name"), define.child_by_field_name("value")
-        if name is None or value is None:
-            continue
-        words = node_text(data, value).split()
-        if (words and all(w in _QUALIFIER_WORDS or w.startswith("__launch_bounds__") for w in words)
-                and _EXECUTION_SPACES.intersection(words)):
-            macros[node_text(data, name)] = frozenset(words)
-    return macros
-
-
-def _kind_from_specifiers(specifiers: list[tree_sitter.Node], data: bytes,
-                          macros: dict[str, frozenset[str]]) -> FunctionKind:
-    spaces: set[str] = set()
-    for node in specifiers:
-        if node.type in _EXECUTION_SPACES:
-            spaces.add(node.type)
-        elif node.type in ("type_identifier", "identifier") and node.end_byte - node.start_byte < 64:
-            spaces |= macros.get(node_text(data, node), frozenset()) & _EXECUTION_SPACES
-    if "__global__" in spaces:
-        return "global"
-    # __host__ __device__ functions are device code too (they compile for, and run on, the GPU).
-    if "__device__" in spaces:
-        return "device"
-    return "host"
-
-
-def _function_declarator(node: tree_sitter.Node | None) -> tree_sitter.Node | None:
-    """Follow ``declarator`` fields (through pointer/reference wrappers) to the function_declarator."""
-    depth = 0
-    while node is not None and depth < 32:
-        if node.type == "function_declarator":
-            return node
-        if node.type not in _DECLARATOR_WRAPPERS and node.type != "function_definition":
-            return None
-        nxt = node.child_by_field_name("declarator")
-        if nxt is None:
-            nxt = next((c for c in node.named_children if c.type in _DECLARATOR_WRAPPERS
-                        or c.type == "function_declarator"), None)
-        node = nxt
-        depth += 1
-    return None
-
-
 def _signature(data: bytes, start: int, end: int) -> str:
     return " ".join(data[start:end].decode("utf-8", "replace").split())
 
@@ -332,7 +247,7 @@ def _signature(data: bytes, start: int, end: int) -> str:
 def _function_info(node: tree_sitter.Node, top: tree_sitter.Node, data: bytes,
                    macros: dict[str, frozenset[str]]) -> FunctionInfo | None:
     """``top`` is the outermost ``template_declaration`` around ``node``, or ``node`` itself."""
-    declarator = _function_declarator(node.child_by_field_name("declarator"))
+    declarator = function_declarator(node.child_by_field_name("declarator"))
     if declarator is None:
         return None
     name_node = declarator.child_by_field_name("declarator")
@@ -347,7 +262,7 @@ def _function_info(node: tree_sitter.Node, top: tree_sitter.Node, data: bytes,
     body_start = body.start_byte if body is not None else node.end_byte
     body_end = body.end_byte if body is not None else node.end_byte
     return FunctionInfo(
-        name=name, kind=_kind_from_specifiers(specifiers, data, macros),
+        name=name, kind=kind_from_specifiers(specifiers, data, macros),
         signature=_signature(data, top.start_byte, body_start if body is not None else node.end_byte),
         start_byte=top.start_byte, end_byte=node.end_byte, body_start_byte=body_start, body_end_byte=body_end,
     )
@@ -368,7 +283,7 @@ def _recover_functions(errors: list[tree_sitter.Node], data: bytes,
             if i + 1 >= len(children) or children[i + 1].type != "{":
                 continue
             declarator = child if child.type == "function_declarator" else (
-                _function_declarator(child) if child.type in _DECLARATOR_WRAPPERS else None)
+                function_declarator(child) if child.type in DECLARATOR_WRAPPERS else None)
             if declarator is None:
                 continue
             j = i
@@ -390,7 +305,7 @@ def _recover_functions(errors: list[tree_sitter.Node], data: bytes,
             body_start = children[i + 1].start_byte
             recovered.append(FunctionInfo(
                 name=node_text(data, name_node) if name_node is not None else node_text(data, declarator),
-                kind=_kind_from_specifiers(specifiers, data, macros),
+                kind=kind_from_specifiers(specifiers, data, macros),
                 signature=_signature(data, specifiers[0].start_byte, body_start),
                 start_byte=specifiers[0].start_byte, end_byte=end, body_start_byte=body_start,
                 body_end_byte=end, recovered=True,
