@@ -47,14 +47,15 @@ def uncached_decode(
     tail = len(prompt) % bs
     block_start = len(prompt) - tail
     x = prompt[block_start:] + [mask_id] * (bs - tail)
-    masked = torch.tensor([[False] * tail + [True] * (bs - tail)])
+    dev = eng.device
+    masked = torch.tensor([[False] * tail + [True] * (bs - tail)], device=dev)
     done: list[int] = prompt[:block_start]
     ids, step_map, n_steps = [], [], 0
     while len(ids) < max_new:
         step, smap = 0, [0] * bs
         while masked.any():
             with torch.no_grad():
-                logits = eng.model(torch.tensor([done + x]))[:, block_start:].float()
+                logits = eng.model(torch.tensor([done + x], device=dev))[:, block_start:].float()
             logits[..., mask_id] = float("-inf")
             tokens, conf, ent = sample_tokens(logits, SamplingParams(), need_entropy=True)
             commit = policy(conf, ent, masked, schedule[min(step, steps - 1)], threshold) & masked
@@ -71,7 +72,7 @@ def uncached_decode(
         done = done + x
         block_start += bs
         x = [mask_id] * bs
-        masked = torch.ones(1, bs, dtype=torch.bool)
+        masked = torch.ones(1, bs, dtype=torch.bool, device=dev)
     return ids[:max_new], step_map[:max_new]
 
 
