@@ -79,6 +79,9 @@ class SFTConfig:
         default=0, metadata={"help": "steps between held-out evaluations (0 = at the end only)"}
     )
     eval_rows: int = field(default=64, metadata={"help": "held-out rows per evaluation"})
+    final_eval_rows: int = field(
+        default=0, metadata={"help": "held-out rows for the last evaluation (0 = --eval-rows)"}
+    )
     save_every: int = field(
         default=0, metadata={"help": "steps between resumable checkpoints (0 = at the end only)"}
     )

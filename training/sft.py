@@ -391,9 +391,9 @@ def main(cfg: SFTConfig) -> dict:
         )
 
     @torch.no_grad()
-    def evaluate() -> dict[str, float]:
+    def evaluate(rows_wanted: int = cfg.eval_rows) -> dict[str, float]:
         objective.eval()
-        n = min(len(eval_rows), cfg.eval_rows)
+        n = min(len(eval_rows), rows_wanted)
         mine = list(range(accelerator.process_index, n, world))
         totals = torch.zeros(3, device=accelerator.device)  # loss sum, correct, answer tokens
         for i in mine:
@@ -408,6 +408,7 @@ def main(cfg: SFTConfig) -> dict:
         objective.train()
         answer = max(1.0, float(eval_rows.loss_mask[:n].sum()))
         return {
+            "rows": n,
             "eval_loss": float(totals[0]) / answer,
             "eval_masked_acc": float(totals[1] / totals[2].clamp(min=1)),
         }
@@ -512,8 +513,11 @@ def main(cfg: SFTConfig) -> dict:
                         stop = True
                         break
 
-    if eval_rows is not None and (not eval_history or eval_history[-1]["step"] != step):
-        eval_history.append({"step": step, **evaluate()})
+    if eval_rows is not None:
+        final_rows = cfg.final_eval_rows or cfg.eval_rows
+        if eval_history and eval_history[-1]["step"] == step:
+            eval_history.pop()
+        eval_history.append({"step": step, **evaluate(final_rows)})
     ckpt = save_checkpoint()
     final = out / "final"
     state_dict = accelerator.get_state_dict(objective)

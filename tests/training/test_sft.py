@@ -64,8 +64,8 @@ def run(tiny: Path, examples: Path, out: Path, **kw) -> dict:
     return main(SFTConfig(**cfg))
 
 
-def curve(out: Path) -> list[dict]:
-    lines = (out / "loss_curve.csv").read_text().splitlines()
+def curve(out: Path, name: str = "loss_curve.csv") -> list[dict]:
+    lines = (out / name).read_text().splitlines()
     keys = lines[0].split(",")
     return [dict(zip(keys, line.split(","), strict=True)) for line in lines[1:]]
 
@@ -133,9 +133,9 @@ def test_a_few_steps_lower_the_held_out_loss(tiny: Path, examples: Path, tmp_pat
         lr=5e-3,
     )
     evals = json.loads((tmp_path / "o" / "summary.json").read_text())["eval"]
-    rows = (tmp_path / "o" / "eval_curve.csv").read_text().splitlines()[1:]
-    first, last = (float(r.split(",")[1]) for r in (rows[0], rows[-1]))
-    assert rows[0].startswith("0,") and summary["steps"] == 24
+    rows = curve(tmp_path / "o", "eval_curve.csv")
+    first, last = float(rows[0]["eval_loss"]), float(rows[-1]["eval_loss"])
+    assert rows[0]["step"] == "0" and summary["steps"] == 24
     assert last < 0.7 * first, (first, last)
     assert evals["eval_masked_acc"] > 0.1
     assert (tmp_path / "o" / "loss_curve.png").stat().st_size > 0
