@@ -280,3 +280,35 @@ def test_real_kernelbench_cuda_sources_compile_after_extraction(shared_data: Pat
         if not ok:
             failures.append(log[:400])
     assert not failures, failures
+
+
+def test_host_members_of_classes_are_removed() -> None:
+    text = """#include <vector>
+typedef struct { int n; int get() const { return n; } } P;
+template <class T> struct Q {
+    T v;
+    Q() = default;
+    explicit Q(T x) : v(x) {}
+    T get() { return v; }
+    __device__ T dget() const { return v; }
+    template <class U> U conv() { return U(v); }
+    template <class U> __device__ U dconv() const { return U(v); }
+    static Q make(T x);
+    __host__ __device__ int size() const;
+    struct In { int z; int f() { return z; } __device__ int g() const { return z; } };
+    constexpr int width() const { return 4; }
+};
+struct Launcher { std::vector<int> dims; void run(); };
+typedef struct { torch::Tensor t; } Holder;
+__global__ void k(P p, Q<float> q, Q<float>::In in, int* o) {
+    o[0] = p.n + (int)q.dget() + q.dconv<int>() + in.g() + q.width();
+}
+"""
+    device = extract_device_code(text)
+    for gone in (" get()", "explicit Q", " conv()", "make(", " f()", "Launcher", "Holder", "torch"):
+        assert gone not in device.source, gone
+    for kept in ("Q() = default;", "__device__ T dget()", "__device__ U dconv()", "int size() const;",
+                 "__device__ int g()", "__host__ __device__ constexpr int width()", "struct In { int z;"):
+        assert kept in device.source, kept
+    ok, log = nvrtc_compile(device.source)
+    assert ok, log

@@ -166,6 +166,13 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _DEVICE_VARIABLE_QUALIFIERS = frozenset({"__constant__", "__device__", "__shared__", "__managed__"})
 _HOST_NAMESPACES = frozenset({"std", "torch", "at", "c10", "pybind11", "py", "thrust", "chrono"})
+_HOST_ONLY_NAMESPACES = frozenset({"torch", "at", "c10", "pybind11", "py"})
+_HOST_STD_TYPES = frozenset({
+    "vector", "string", "map", "unordered_map", "set", "unordered_set", "list", "deque", "shared_ptr",
+    "unique_ptr", "function", "thread", "mutex", "ostream", "istream", "ofstream", "ifstream", "stringstream",
+    "queue", "stack", "basic_string",
+})
+_CLASS_TYPES = ("struct_specifier", "class_specifier", "union_specifier")
 _CONTAINERS = frozenset({"preproc_if", "preproc_ifdef", "preproc_else", "preproc_elif", "preproc_elifdef"})
 _PLAIN_TYPES = frozenset({"primitive_type", "sized_type_specifier", "type_identifier",
                           "placeholder_type_specifier"})
@@ -212,7 +219,10 @@ class _Extractor:
         elif kind == "template_declaration":
             self._template(node)
         elif kind == "declaration":
-            self._declaration(node, node)
+            if not self._class(node.child_by_field_name("type"), node):
+                self._declaration(node, node)
+        elif kind in _CLASS_TYPES or kind == "type_definition":
+            self._class(node if kind in _CLASS_TYPES else node.child_by_field_name("type"), node)
         elif kind in _CONTAINERS:
             return node.named_children
         elif kind == "namespace_definition":
@@ -227,9 +237,61 @@ class _Extractor:
             words = node_text(self.data, node).replace(";", " ").replace("::", " ").split()
             if len(words) >= 3 and words[1] == "namespace" and words[2] in _HOST_NAMESPACES:
                 self._drop(node)
-        return []
-        # Everything else (macros, typedefs, structs, comments, ERROR nodes of half-typed code) stays:
+        # Everything else (macros, enums, aliases, comments, ERROR nodes of half-typed code) stays:
         # NVRTC's own diagnostics are the right answer for broken code.
+        return []
+
+    def _class(self, spec: tree_sitter.Node | None, top: tree_sitter.Node) -> bool:
+        """Host member functions of a class go like free host functions ("host functions are not allowed
+        in JIT mode" holds for constructors and methods too); data members and device methods stay. A class
+        holding host-only data (``std::vector``, ``torch::Tensor``...) cannot reach the GPU: all of ``top``
+        goes. Returns whether ``top`` was dropped."""
+        if spec is None or spec.type not in _CLASS_TYPES:
+            return False
+        if self._has_host_data(spec):
+            self._drop(top)
+            return True
+        stack = [spec]
+        while stack:
+            node = stack.pop()
+            if node is None or node.type not in _CLASS_TYPES:
+                continue
+            body = node.child_by_field_name("body")
+            for member in body.named_children if body is not None else ():
+                inner, member_top = member, member
+                if member.type == "template_declaration":
+                    inner = next((c for c in reversed(member.named_children)
+                                  if c.type in ("function_definition", "field_declaration", "declaration")),
+                                 member)
+                if inner.type == "function_definition":
+                    if inner.child_by_field_name("body") is not None:  # `= default` / `= delete` have none
+                        self._function(inner, member_top)
+                elif inner.type in ("field_declaration", "declaration"):
+                    if any(function_declarator(d) is not None
+                           for d in inner.children_by_field_name("declarator")):
+                        specifiers = [c for c in inner.children if c.type != ";"
+                                      and c not in inner.children_by_field_name("declarator")]
+                        if kind_from_specifiers(specifiers, self.data, self.macros) == "host":
+                            self._drop(member_top)
+                    else:
+                        stack.append(inner.child_by_field_name("type"))  # a nested class
+                elif inner.type in _CLASS_TYPES:
+                    stack.append(inner)
+        return False
+
+    def _has_host_data(self, spec: tree_sitter.Node) -> bool:
+        body = spec.child_by_field_name("body")
+        for member in body.named_children if body is not None else ():
+            if member.type != "field_declaration" or any(
+                    function_declarator(d) is not None for d in member.children_by_field_name("declarator")):
+                continue
+            type_node = member.child_by_field_name("type")
+            if type_node is None or type_node.type not in ("qualified_identifier", "template_type"):
+                continue
+            parts = node_text(self.data, type_node).split("<", 1)[0].replace(" ", "").split("::")
+            if parts[0] in _HOST_ONLY_NAMESPACES or (parts[0] == "std" and parts[-1] in _HOST_STD_TYPES):
+                return True
+        return False
 
     def _drop(self, node: tree_sitter.Node, *, host: bool = True) -> None:
         self.edits.append((node.start_byte, node.end_byte, b""))
@@ -307,13 +369,17 @@ class _Extractor:
 
     def _template(self, node: tree_sitter.Node) -> None:
         inner = next((c for c in reversed(node.named_children)
-                      if c.type in ("function_definition", "declaration", "template_declaration")), None)
+                      if c.type in ("function_definition", "declaration", "template_declaration",
+                                    *_CLASS_TYPES)), None)
         if inner is None:
             return
-        if inner.type == "function_definition":
+        if inner.type in _CLASS_TYPES:
+            self._class(inner, node)
+        elif inner.type == "function_definition":
             self._function(inner, node)
         elif inner.type == "declaration":
-            self._declaration(inner, node)
+            if not self._class(inner.child_by_field_name("type"), node):
+                self._declaration(inner, node)
         else:
             # template<...> template<...>: member templates defined out of class
             nested = next((c for c in reversed(inner.named_children) if c.type == "function_definition"),
