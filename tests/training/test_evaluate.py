@@ -1,0 +1,59 @@
+"""Held-out .cu infill evaluation: item selection and the generate -> NVRTC compile pipeline."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from training.data import Example
+from training.evaluate import evaluate_heldout, select_infill_items
+
+SOURCE = """#include <torch/extension.h>
+
+__global__ void scale_kernel(const float* x, float* y, float a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        y[i] = a * x[i];
+    }
+}
+
+torch::Tensor scale_cuda(torch::Tensor x, float a) {
+    auto y = torch::empty_like(x);
+    scale_kernel<<<(x.numel() + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), a, x.numel());
+    return y;
+}
+"""
+
+
+def infill_example(i: int, kind: str, middle: str) -> Example:
+    start = SOURCE.index(middle)
+    meta = {"kind": kind, "prefix": SOURCE[:start], "middle": middle, "suffix": SOURCE[start + len(middle) :]}
+    return Example(f"cu-src{i}-0", f"L1P{i}", "cu_infill", "test", "prompt", middle, meta)
+
+
+def test_selection_balances_kinds_and_skips_duplicates() -> None:
+    exs = [
+        infill_example(i % 3, "statement", "int i = blockIdx.x * blockDim.x + threadIdx.x;") for i in range(9)
+    ]
+    exs += [infill_example(7, "loop_body", "y[i] = a * x[i];")]
+    picked = select_infill_items(exs, 10, seed=0)
+    assert len(picked) == 4  # three distinct sources for "statement", one loop body
+    assert picked[1].meta["kind"] == "loop_body"  # kinds alternate
+
+
+def test_pipeline_compiles_reference_candidate_and_empty_fill(tmp_path: Path) -> None:
+    pytest.importorskip("cupy")
+    from engine.testing import make_tiny_checkpoint
+
+    ckpt = make_tiny_checkpoint(tmp_path / "ckpt")
+    heldout = tmp_path / "heldout.jsonl.gz"
+    with gzip.open(heldout, "wt") as fh:
+        fh.write(infill_example(1, "statement", "y[i] = a * x[i];").to_json() + "\n")
+    result = evaluate_heldout(ckpt, heldout, max_infill=1, max_new_tokens=8)
+    (record,) = result["records"]
+    assert record["reference_compiles"] is True  # the original device code compiles with NVRTC
+    assert record["empty_compiles"] is True  # deleting this statement still compiles: the baseline
+    assert result["summary"]["reference_compiles"] == 1
+    assert result["summary"]["empty_fill_compile_rate"] == 1.0

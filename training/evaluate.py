@@ -1,0 +1,135 @@
+"""Held-out quality of a checkpoint on ``.cu`` infilling: does its top candidate compile, is it the original?
+
+For held-out ``cu_infill`` examples (problems never seen in training), the engine fills the hole
+(``Engine.infill``: the same prompt as the editor, greedy, static 4 steps per 4-token block, DICE's evaluation
+setting); the filled file's device code is compiled with NVRTC in the validator's worker processes (model
+output never runs or compiles in this process). Items whose *original* file does not compile are left out of
+the compile rate, so a failure is the model's. There is no ``dice-spec`` (no inputs, no reference run) for
+these files, so "correct" can only be judged by text: exact match with the original middle (whitespace
+normalised) is reported as a strict lower bound of correctness.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from training.data import INFILL_KINDS, Example, read_examples
+
+
+def _normalise(code: str) -> str:
+    return re.sub(r"\s+", " ", code).strip()
+
+
+def select_infill_items(examples: list[Example], limit: int, seed: int) -> list[Example]:
+    """Up to ``limit`` held-out .cu infill items, balanced over kinds, one per CUDA source and kind."""
+    by_kind: dict[str, list[Example]] = defaultdict(list)
+    seen: set[tuple[str, str]] = set()
+    for ex in examples:
+        if ex.task != "cu_infill" or not ex.meta:
+            continue
+        source = ex.id.rsplit("-", 1)[0]
+        key = (source, ex.meta["kind"])
+        if key in seen:
+            continue
+        seen.add(key)
+        by_kind[ex.meta["kind"]].append(ex)
+    rng = random.Random(seed)
+    for items in by_kind.values():
+        rng.shuffle(items)
+    out: list[Example] = []
+    while len(out) < limit and any(by_kind.values()):
+        for kind in INFILL_KINDS:
+            if by_kind.get(kind) and len(out) < limit:
+                out.append(by_kind[kind].pop())
+    return out
+
+
+def evaluate_heldout(
+    model_dir: Path,
+    heldout: Path,
+    *,
+    seq_len: int = 4096,
+    max_infill: int = 200,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+) -> dict:
+    """Generate and compile held-out .cu infills; returns per-item records and a summary by kind."""
+    from dice.cuda_source import extract_device_code
+    from dice.validator import ValidatorPool
+    from engine import load_engine
+
+    engine = load_engine(model_dir, device="cpu")
+    items = select_infill_items(read_examples(heldout), max_infill, seed)
+    records = []
+    started = time.perf_counter()
+    with ValidatorPool(workers=2, timeout_s=60.0, gpu=False) as pool:
+        for ex in items:
+            meta = ex.meta
+            prompt_tokens = len(engine.tokenizer.encode(ex.prompt))
+            if prompt_tokens + max_new_tokens > seq_len:
+                continue  # longer than anything the model was trained on
+            t0 = time.perf_counter()
+            best = engine.infill(
+                meta["prefix"],
+                meta["suffix"],
+                n=1,
+                max_new_tokens=max_new_tokens,
+                policy="static",
+                steps_per_block=4,
+                temperature=0.0,
+            )[0]
+            gen_s = time.perf_counter() - t0
+            reference = extract_device_code(meta["prefix"] + meta["middle"] + meta["suffix"]).source
+            candidate = extract_device_code(meta["prefix"] + best.text + meta["suffix"]).source
+            # Baseline: the file with the hole left empty (deleting a statement often still compiles).
+            empty = extract_device_code(meta["prefix"] + meta["suffix"]).source
+            futures = [pool.submit_cu(src, run=False) for src in (reference, candidate, empty)]
+            ref_v, cand_v, empty_v = (f.result() for f in futures)
+            records.append(
+                {
+                    "id": ex.id,
+                    "group": ex.group,
+                    "kind": meta["kind"],
+                    "prompt_tokens": prompt_tokens,
+                    "middle": meta["middle"],
+                    "candidate": best.text,
+                    "finished": best.finished,
+                    "confidence": best.confidence,
+                    "exact": _normalise(best.text) == _normalise(meta["middle"]),
+                    "reference_compiles": ref_v.compiled,
+                    "candidate_compiles": cand_v.compiled,
+                    "candidate_status": cand_v.status,
+                    "empty_compiles": empty_v.compiled,
+                    "generate_s": round(gen_s, 3),
+                }
+            )
+    summary: dict = {"items": len(records), "seconds": round(time.perf_counter() - started, 1), "by_kind": {}}
+
+    def stats(rows: list[dict]) -> dict:
+        usable = [r for r in rows if r["reference_compiles"]]
+        compiled = sum(r["candidate_compiles"] for r in usable)
+        exact = sum(r["exact"] for r in usable)
+        empty = sum(r["empty_compiles"] for r in usable)
+        return {
+            "items": len(rows),
+            "reference_compiles": len(usable),
+            "top1_compiles": compiled,
+            "top1_compile_rate": round(compiled / len(usable), 4) if usable else None,
+            "empty_fill_compile_rate": round(empty / len(usable), 4) if usable else None,
+            "top1_exact_match": exact,
+            "top1_exact_rate": round(exact / len(usable), 4) if usable else None,
+            "finished": sum(r["finished"] for r in rows),
+            "statuses": dict(Counter(r["candidate_status"] for r in usable)),
+        }
+
+    summary.update(stats(records))
+    for kind in INFILL_KINDS:
+        rows = [r for r in records if r["kind"] == kind]
+        if rows:
+            summary["by_kind"][kind] = stats(rows)
+    summary["groups"] = len({r["group"] for r in records})
+    return {"summary": summary, "records": records}
