@@ -19,7 +19,7 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
-from lsp_server.config import DiceSettings, parse_settings
+from lsp_server.config import DiceSettings, parse_settings, settings_to_wire
 from lsp_server.diagnostics import compile_error_diagnostics, mask_diagnostics
 from lsp_server.documents import DocumentSnapshot, open_snapshot
 from lsp_server.inline import AdaptiveDebounce, RequestTracker
@@ -194,6 +194,7 @@ class DiceSession:
         if parsed.unknown:
             self.log(f"settings not read by the server: {', '.join(sorted(parsed.unknown))}")
         old, self.settings = self.settings, parsed.settings
+        self.log(f"settings applied: {settings_to_wire(self.settings)}")
         if initial:
             return
         if old.model_key() != self.settings.model_key():

@@ -146,6 +146,7 @@ async def test_generate_kernel_writes_a_new_file(client: LanguageClient, tmp_pat
     ref_path = tmp_path / "add.py"
     ref_path.write_text(KERNELBENCH_REF)
     uri = open_document(client, ref_path, KERNELBENCH_REF, language="python")
+    client.progress_reports["gen"] = []
     result = await client.workspace_execute_command_async(execute("dice.generateKernel", uri, token="gen"))
     assert result["ok"], result
     out = tmp_path / "add_dice.py"
