@@ -41,7 +41,13 @@ export function activateDice(context: Pick<ExtensionContext, 'subscriptions'>, c
 
     const status = new StatusBar(serverSettings().automaticTrigger);
     const commandDeps: CommandDeps = {
-        server: { get state() { return manager.state; }, ensureStarted: () => manager.ensureStarted(), restart: (m) => manager.restart(m) },
+        server: {
+            get state() {
+                return manager.state;
+            },
+            ensureStarted: () => manager.ensureStarted(),
+            restart: (manual) => manager.restart(manual),
+        },
         showLog: () => log.show(true),
         toggleAutomatic: async () => {
             const next = !serverSettings().automaticTrigger;

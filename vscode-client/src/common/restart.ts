@@ -1,5 +1,14 @@
 // When to restart a crashed server, and a runner that never lets two restarts overlap.
 
+export interface Timer {
+    dispose(): void;
+}
+
+export function realTimer(callback: () => void, ms: number): Timer {
+    const t = setTimeout(callback, ms);
+    return { dispose: () => clearTimeout(t) };
+}
+
 export interface RestartPolicyOptions {
     /** Crashes tolerated inside `windowMs` before giving up. */
     maxCrashes: number;

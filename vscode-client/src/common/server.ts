@@ -5,13 +5,9 @@ import type { LogOutputChannel } from 'vscode';
 import type { Middleware } from 'vscode-languageclient';
 import { HandleFactory, ServerHandle } from './client';
 import { DiceServerSettings } from './protocol';
-import { RestartPolicy, SerialRunner } from './restart';
+import { realTimer, RestartPolicy, SerialRunner, Timer } from './restart';
 import { ServerLaunch } from './settings';
 import type { ClientPhase } from './status';
-
-export interface Timer {
-    dispose(): void;
-}
 
 export interface ServerManagerDeps {
     createHandle: HandleFactory;
@@ -33,6 +29,7 @@ export interface ServerManagerDeps {
 export class ServerManager {
     private handle: ServerHandle | undefined;
     private readonly crashed = new WeakSet<ServerHandle>();
+    private readonly started = new WeakSet<ServerHandle>();
     private readonly restarter: SerialRunner;
     private readonly policy: RestartPolicy;
     private pendingRestart: Timer | undefined;
@@ -115,7 +112,12 @@ export class ServerManager {
             }
         } catch (error) {
             this.deps.log.error(`The DICE server did not start: ${String(error)}`);
+            // A process that answered initialize with an error is still alive: the client reaps it on stop.
+            handle.stop().catch(() => undefined);
             this.onCrash(handle);
+        }
+        if (this.handle === handle && handle.running) {
+            this.started.add(handle);
         }
     }
 
@@ -132,6 +134,7 @@ export class ServerManager {
                 }
             },
             onRunning: () => {
+                this.started.add(handle);
                 if (this.handle === handle) {
                     this.setPhase('running');
                 }
@@ -169,6 +172,16 @@ export class ServerManager {
                 }
             }, 0);
         }
+        if (!this.started.has(handle)) {
+            // Never got as far as initialize: a wrong interpreter or a missing package, which retrying
+            // does not fix.
+            this.setPhase('failed');
+            this.deps.onGiveUp(
+                'the server did not start. Check dice.server.pythonPath (an interpreter with the dice-cuda package) ' +
+                    'or dice.server.command; the log has the details.',
+            );
+            return;
+        }
         const decision = this.policy.onCrash((this.deps.now ?? Date.now)());
         if (decision.action === 'giveUp') {
             this.setPhase('failed');
@@ -187,11 +200,7 @@ export class ServerManager {
     }
 
     private timer(callback: () => void, ms: number): Timer {
-        if (this.deps.setTimer) {
-            return this.deps.setTimer(callback, ms);
-        }
-        const t = setTimeout(callback, ms);
-        return { dispose: () => clearTimeout(t) };
+        return (this.deps.setTimer ?? realTimer)(callback, ms);
     }
 
     private cancelPendingRestart(): void {

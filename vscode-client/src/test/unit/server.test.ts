@@ -1,8 +1,8 @@
 import * as assert from 'assert/strict';
 import type { LogOutputChannel } from 'vscode';
 import { DEFAULT_SERVER_SETTINGS } from '../../common/protocol';
-import { RestartPolicy } from '../../common/restart';
-import { ServerManager, Timer } from '../../common/server';
+import { RestartPolicy, Timer } from '../../common/restart';
+import { ServerManager } from '../../common/server';
 import type { ClientPhase } from '../../common/status';
 import { stub, window } from '../stub/vscode';
 import { FakeWorld, settle } from './fakes';
@@ -126,14 +126,17 @@ describe('ServerManager', () => {
         assert.equal(manager.state, 'running');
     });
 
-    it('counts a server that fails to start as one crash', async () => {
-        const { world, manager, timers } = setup();
+    it('does not retry a server that never started, and says what to check', async () => {
+        const { world, manager, timers, gaveUp } = setup();
         world.script = { failStart: true };
         await manager.ensureStarted();
-        assert.equal(manager.state, 'stopped');
-        assert.deepEqual(timers.live(), [0, 100]);
+        assert.equal(manager.state, 'failed');
+        assert.deepEqual(timers.live(), [0], 'no restart is scheduled');
+        assert.equal(world.last.stops, 1, 'the failed client is stopped so its process is reaped');
+        assert.equal(gaveUp.length, 1);
+        assert.match(gaveUp[0], /dice\.server\.pythonPath/);
         world.script = {};
-        await timers.fireAll();
+        await manager.restart(true);
         assert.equal(manager.state, 'running');
     });
 
