@@ -111,9 +111,12 @@ class _Generator:
         from dice.validator.kbeval import extract_program, sample_path
 
         if self._engine is None:
-            from engine import load_engine
+            from engine import CheckpointError, ConfigError, load_engine
 
-            self._engine = load_engine(self.args.model, device=self.args.device)
+            try:
+                self._engine = load_engine(self.args.model, device=self.args.device)
+            except (CheckpointError, ConfigError, FileNotFoundError) as exc:
+                raise CliError(f"cannot load the model: {exc}") from exc
         completions = self._engine.generate_program(
             problem.code,
             n=self.args.samples,

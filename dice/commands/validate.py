@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from dice.cli import CliError
 
@@ -68,6 +69,16 @@ def read_text(path: Path) -> str:
         raise CliError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
 
 
+def _wait(future: Any, label: str, *, quiet: bool) -> Any:
+    """The future's verdict, with a spinner on stderr while it runs (not for --json or off a terminal)."""
+    if quiet or not sys.stderr.isatty():
+        return future.result()
+    from rich.console import Console
+
+    with Console(stderr=True).status(label):
+        return future.result()
+
+
 def run(args: argparse.Namespace) -> int:
     from dice.validator import InvalidReference, ValidatorPool
 
@@ -77,16 +88,19 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"{files[0]}: expected a .cu/.cuh file, or two files REF.py CANDIDATE.py")
         text = read_text(files[0])
         with ValidatorPool(1, timeout_s=args.timeout, build_timeout_s=args.build_timeout) as pool:
-            verdict = pool.validate_cu(text, run=not args.compile_only, filename=str(files[0]))
+            future = pool.submit_cu(text, run=not args.compile_only, filename=str(files[0]))
+            verdict = _wait(future, f"validating {files[0].name}", quiet=args.json)
     elif len(files) == 2:
         ref_src, cand_src = read_text(files[0]), read_text(files[1])
         with ValidatorPool(1, timeout_s=args.timeout, build_timeout_s=args.build_timeout) as pool:
             try:
-                verdict = pool.validate_kernelbench(
+                future = pool.submit_kernelbench(
                     ref_src, cand_src, strict=args.strict, timing=not args.no_timing
                 )
             except InvalidReference as exc:
                 raise CliError(f"{files[0]}: {exc}") from exc
+            label = f"validating {files[1].name} (a first build of its extension can take a minute)"
+            verdict = _wait(future, label, quiet=args.json or not pool.gpu)
     else:
         raise CliError("expected FILE.cu, or REF.py CANDIDATE.py")
 

@@ -121,3 +121,64 @@ def test_eval_over_saved_generations_is_resumable(
     assert main(args) == 0
     assert len(read_records(out / "verdicts.jsonl")) == 6
     assert "0 to validate" in capsys.readouterr().err
+
+
+def test_eval_with_a_model_saves_its_generations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from engine.testing import make_tiny_checkpoint
+
+    monkeypatch.setenv("DICE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("DICE_VALIDATOR_GPU", "0")
+    model = make_tiny_checkpoint(tmp_path / "tiny")
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(
+        json.dumps({"level": 2, "problem_id": 7, "name": "7_relu.py", "code": RELU_REF}) + "\n"
+    )
+    out = tmp_path / "out"
+    args = [
+        "eval",
+        "kernelbench",
+        "--level",
+        "2",
+        "--samples",
+        "2",
+        "--temperature",
+        "1.0",
+        "--max-new-tokens",
+        "8",
+        "--model",
+        str(model),
+        "--device",
+        "cpu",
+        "--problems-file",
+        str(problems),
+        "--out",
+        str(out),
+    ]
+    assert main(args) == 0
+    for k in (0, 1):
+        assert (out / "generations" / "level2" / "7" / f"sample_{k}.py").is_file()
+        assert (out / "generations" / "level2" / "7" / f"sample_{k}.txt").is_file()
+    recs = read_records(out / "verdicts.jsonl")
+    assert sorted(r["sample"] for r in recs) == [0, 1]
+    # a random tiny model writes no ModelNew: an honest failure, never "correct"
+    assert all(r["verdict"]["status"] in ("compile_error", "rejected") for r in recs)
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                *args[:-6],
+                "--model",
+                str(tmp_path / "nope"),
+                "--device",
+                "cpu",
+                "--problems-file",
+                str(problems),
+                "--out",
+                str(tmp_path / "out2"),
+            ]
+        )
+        == 2
+    )
+    assert "cannot load the model" in capsys.readouterr().err
