@@ -65,6 +65,11 @@ SHAPES: dict[str, dict[str, int]] = {
         head_dim=128,
         intermediate_size=6144,
     ),
+    # the same code path at a size that builds in a second (checks the script, measures nothing useful)
+    "smoke": dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=128,
+    ),
 }
 
 
