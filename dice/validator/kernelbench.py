@@ -208,6 +208,16 @@ def _import_source(src: str, path: Path, module_name: str) -> ModuleType:
     return module
 
 
+def _kernel_strings(src: str) -> list[str]:
+    import ast
+
+    return [
+        node.value
+        for node in ast.walk(ast.parse(src))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "__global__" in node.value
+    ]
+
+
 def _kernel_names(sources: list[str]) -> list[str]:
     from dice.cuda_source import parse_document
 
@@ -276,10 +286,10 @@ def _run_on_gpu(
             message="rejected by guard monkey_patch: importing the candidate replaced "
             + ", ".join(violations[:5]),
         ), True
-    if not records and "load_inline" not in cand_src:
-        return rejected(GuardHit("no_custom_kernel", "no CUDA extension was built"), compiled=True), True
-
-    kernel_names = _kernel_names([str(s) for r in records for s in _as_list(r["sources"])])
+    # Kernel names for the launch check: sources that load_inline really received, plus every string
+    # constant holding a kernel (CuPy RawKernel sources, torch.utils.cpp_extension.load files excepted).
+    sources = [str(s) for r in records for s in _as_list(r["sources"])] + _kernel_strings(cand_src)
+    kernel_names = _kernel_names(sources)
     ctx.acquire_gpu()
     try:
         with torch.no_grad():
