@@ -2,6 +2,7 @@
 // server's executeCommandProvider) and reach the middleware; while no server runs, fallbacks stand in
 // under the same ids so the palette never answers "command not found".
 
+import { removeMaskComment, REMOVE_MASK_COMMAND, RemoveMaskArgs } from './ghostText';
 import { ClientCommands, ServerCommands } from './protocol';
 import type { ClientPhase } from './status';
 import { Disposable, registerCommand } from './vscodeapi';
@@ -26,6 +27,8 @@ export function registerClientCommands(deps: CommandDeps): Disposable[] {
     return [
         registerCommand(ClientCommands.restartServer, () => deps.server.restart(true)),
         registerCommand(ClientCommands.showLog, () => deps.showLog()),
+        // Internal (not in the palette): runs after a mask fill is accepted as ghost text.
+        registerCommand(REMOVE_MASK_COMMAND, (args) => removeMaskComment(args as RemoveMaskArgs)),
         registerCommand(ClientCommands.toggleAutomaticSuggestions, async () => {
             const on = await deps.toggleAutomatic();
             deps.showInfo(

@@ -1,7 +1,9 @@
 // Everything custom about the language client goes through its middleware: gating automatic inline
-// completions, filling palette-command arguments from the editor, and answering workspace/configuration.
+// completions and making mask fills drawable (ghostText.ts), filling palette-command arguments from the
+// editor, and answering workspace/configuration.
 
 import type { Middleware } from 'vscode-languageclient';
+import { asInsertions } from './ghostText';
 import { CONFIG_SECTION, DiceServerSettings, isServerCommand, ServerCommand, ServerCommands } from './protocol';
 import { isAutomaticInlineTrigger } from './vscodeapi';
 
@@ -55,11 +57,11 @@ export interface MiddlewareDeps {
 
 export function createMiddleware(deps: MiddlewareDeps): Middleware {
     return {
-        provideInlineCompletionItems: (document, position, context, token, next) => {
+        provideInlineCompletionItems: async (document, position, context, token, next) => {
             if (isAutomaticInlineTrigger(context) && !deps.automaticSuggestions()) {
                 return [];
             }
-            return next(document, position, context, token);
+            return asInsertions(await next(document, position, context, token), document, position);
         },
         executeCommand: async (command, args, next) => {
             if (!isServerCommand(command)) {

@@ -96,3 +96,25 @@ export async function openUntitled(content: string, language: string): Promise<v
 export function executeCommand(command: string, ...args: unknown[]): Thenable<unknown> {
     return vscode.commands.executeCommand(command, ...args);
 }
+
+export function newRange(start: vscode.Position, end: vscode.Position): vscode.Range {
+    return new vscode.Range(start, end);
+}
+
+export function newInlineItem(insertText: string, range: vscode.Range, command: vscode.Command): vscode.InlineCompletionItem {
+    return new vscode.InlineCompletionItem(insertText, range, command);
+}
+
+type PlainRange = { start: { line: number; character: number }; end: { line: number; character: number } };
+
+/** Deletes `range` in the document at `uri` if it still holds `expected`; false otherwise. */
+export async function deleteTextIfUnchanged(uri: string, range: PlainRange, expected: string): Promise<boolean> {
+    const document = await vscode.workspace.openTextDocument(vscode.Uri.parse(uri));
+    const target = new vscode.Range(range.start.line, range.start.character, range.end.line, range.end.character);
+    if (document.getText(target) !== expected) {
+        return false;
+    }
+    const edit = new vscode.WorkspaceEdit();
+    edit.delete(document.uri, target);
+    return vscode.workspace.applyEdit(edit);
+}

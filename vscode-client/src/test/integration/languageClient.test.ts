@@ -141,15 +141,33 @@ describe('integration: the extension with the real LanguageClient and dice-lsp',
         assert.deepEqual(plainRange(items[0].range!), MASK_RANGE);
     });
 
+    it('turns the fill at a mask into ghost text VS Code can draw, and cleans up after acceptance', async () => {
+        const [{ provider }] = registeredProviders.get('registerInlineCompletionItemProvider')!;
+        const token = new CancellationTokenSource().token;
+        const context = { triggerKind: InlineCompletionTriggerKind.Invoke, selectedCompletionInfo: undefined };
+        const end = MASK_RANGE.end;
+        const result = await provider.provideInlineCompletionItems(doc(), new Position(end.line, end.character), context, token);
+        const items: InlineCompletionItem[] = Array.isArray(result) ? result : (result?.items ?? []);
+        assert.ok(items.length >= 1, `no suggestion\n${log()}`);
+        assert.deepEqual(plainRange(items[0].range!), { start: end, end }, 'an insertion right after the mask');
+        const command = items[0].command as { command: string; arguments: unknown[] };
+        assert.equal(command.command, 'dice.removeMaskComment');
+        const applied = stub.appliedEdits.length;
+        assert.equal(await commands.executeCommand(command.command, ...command.arguments), true);
+        const [[, edits]] = (stub.appliedEdits[applied] as WorkspaceEdit).entries();
+        assert.deepEqual(edits.map((e) => [plainRange(e.range), e.newText]), [[MASK_RANGE, '']]);
+    });
+
     it('runs "Fill mask at cursor" from the palette with progress and applies the edit', async () => {
         stub.activeTextEditor = { document: doc(), selection: { active: new Position(2, 8) } };
+        const before = stub.appliedEdits.length;
         const result = (await commands.executeCommand(ServerCommands.fillMask)) as Record<string, unknown>;
         assert.equal(result?.ok, true, `${JSON.stringify(result)}\n${log()}`);
         assert.equal(stub.progress.length, 1);
         assert.equal(stub.progress[0].title, 'DICE: filling the mask');
         assert.ok(stub.progress[0].reports.length > 0, 'the server reported progress on the client token');
-        assert.equal(stub.appliedEdits.length, 1);
-        const [[uri, edits]] = (stub.appliedEdits[0] as WorkspaceEdit).entries();
+        assert.equal(stub.appliedEdits.length, before + 1);
+        const [[uri, edits]] = (stub.appliedEdits[before] as WorkspaceEdit).entries();
         assert.equal(uri.toString(), doc().uri.toString());
         assert.deepEqual(edits.map((e) => plainRange(e.range)), [MASK_RANGE]);
         assert.match(log(), /dice\.fillMask: filled 1 mask\(s\)/);

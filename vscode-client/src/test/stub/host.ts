@@ -26,6 +26,12 @@ export class Range {
             this.end = b as Position;
         }
     }
+    get isEmpty(): boolean {
+        return this.start.line === this.end.line && this.start.character === this.end.character;
+    }
+    get isSingleLine(): boolean {
+        return this.start.line === this.end.line;
+    }
 }
 
 export class Selection extends Range {}

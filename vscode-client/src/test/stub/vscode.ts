@@ -280,13 +280,26 @@ export const workspace = {
         return Promise.resolve(true);
     },
     workspaceFolders: undefined as unknown,
-    openTextDocument: (what: unknown): Promise<unknown> => Promise.resolve(typeof what === 'object' && what !== null && 'getText' in what ? what : { uri: what }),
+    openTextDocument: (what: unknown): Promise<unknown> =>
+        Promise.resolve(stub.textDocuments.find((d) => d.uri.toString() === String(what)) ?? { uri: what }),
 };
 
-/** A TextDocument-shaped object for tests. */
+type Pos = { line: number; character: number };
+
+/** A TextDocument-shaped object for tests; getText(range) slices by line and UTF-16 column. */
 export function makeDocument(path: string, languageId: string, text: string): any {
     const uri = Uri.file(path);
-    return { uri, fileName: path, languageId, getText: () => text };
+    const offset = (p: Pos): number => {
+        const lines = text.split('\n');
+        return lines.slice(0, p.line).reduce((n, l) => n + l.length + 1, 0) + p.character;
+    };
+    return {
+        uri,
+        fileName: path,
+        languageId,
+        version: 1,
+        getText: (range?: { start: Pos; end: Pos }) => (range ? text.slice(offset(range.start), offset(range.end)) : text),
+    };
 }
 
 export * from './host';

@@ -1,0 +1,65 @@
+// VS Code draws ghost text only for insertions: an inline item that replaces `/* <MASK> */` (what the
+// server returns at a mask) would be dropped silently. So, with the cursor right after the mask, the
+// item becomes an insertion there, and a command run after acceptance deletes the mask comment. The
+// document ends up exactly as the server's replacement would leave it.
+
+import type { InlineCompletionItem, InlineCompletionList, Position, TextDocument } from 'vscode';
+import { deleteTextIfUnchanged, newInlineItem, newRange } from './vscodeapi';
+
+export const REMOVE_MASK_COMMAND = 'dice.removeMaskComment';
+
+/** Arguments of REMOVE_MASK_COMMAND: where the comment was and what it said (checked before deleting). */
+export interface RemoveMaskArgs {
+    uri: string;
+    range: { start: { line: number; character: number }; end: { line: number; character: number } };
+    text: string;
+}
+
+/** The item to show instead of `item`, or `item` itself when VS Code can draw it as it is. */
+export function asInsertion(item: InlineCompletionItem, document: TextDocument, cursor: Position): InlineCompletionItem {
+    const range = item.range;
+    if (!range || range.isEmpty || !range.isSingleLine || typeof item.insertText !== 'string' || item.command) {
+        return item;
+    }
+    const replaced = document.getText(range);
+    if ((item.filterText ?? item.insertText).startsWith(replaced)) {
+        return item; // already a continuation of what is there
+    }
+    if (range.end.line !== cursor.line || range.end.character !== cursor.character) {
+        return item; // the cursor sits inside the mask: nothing VS Code can draw as ghost text
+    }
+    const args: RemoveMaskArgs = {
+        uri: document.uri.toString(),
+        range: {
+            start: { line: range.start.line, character: range.start.character },
+            end: { line: range.end.line, character: range.end.character },
+        },
+        text: replaced,
+    };
+    return newInlineItem(item.insertText, newRange(range.end, range.end), {
+        title: 'DICE: remove the mask comment',
+        command: REMOVE_MASK_COMMAND,
+        arguments: [args],
+    });
+}
+
+export function asInsertions(
+    result: InlineCompletionItem[] | InlineCompletionList | null | undefined,
+    document: TextDocument,
+    cursor: Position,
+): InlineCompletionItem[] | InlineCompletionList | null | undefined {
+    if (!result) {
+        return result;
+    }
+    if (Array.isArray(result)) {
+        return result.map((item) => asInsertion(item, document, cursor));
+    }
+    result.items = result.items.map((item) => asInsertion(item, document, cursor));
+    return result;
+}
+
+/** REMOVE_MASK_COMMAND's handler: deletes the comment unless the user changed it meanwhile. */
+export function removeMaskComment(args: RemoveMaskArgs): Thenable<boolean> {
+    return deleteTextIfUnchanged(args.uri, args.range, args.text);
+}
+
