@@ -44,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # pygls logs every message at INFO; keep its chatter out unless asked for.
     logging.getLogger("pygls").setLevel(max(logging.getLogger().level, logging.WARNING))
+    if args.tcp:
+        # "Serving on HOST:PORT" tells the user (and tests) when the socket accepts connections.
+        logging.getLogger("pygls.server").setLevel(logging.INFO)
 
     from lsp_server.server import create_server
 

@@ -181,3 +181,30 @@ async def test_entry_point_options() -> None:
         [sys.executable, "-m", "lsp_server", "--tcp", "nohost"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "HOST:PORT" in bad.stderr
+
+
+async def test_tcp_transport(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "lsp_server", "--tcp", f"127.0.0.1:{port}", stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        # wait for the server's own "Serving on" log line, then connect
+        while b"Serving on" not in await asyncio.wait_for(proc.stderr.readline(), WAIT_S):
+            pass
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        server = RawServer.__new__(RawServer)
+        server.proc = type("Pipe", (), {"stdin": writer, "stdout": reader})()
+        result = await server.initialize({"modelPath": str(tmp_path / "none")})
+        assert "inlineCompletionProvider" in result["result"]["capabilities"]
+        server.send({"jsonrpc": "2.0", "id": 1, "method": "shutdown"})
+        assert (await server.response(1))["result"] is None
+        server.send({"jsonrpc": "2.0", "method": "exit"})
+        assert await asyncio.wait_for(proc.wait(), WAIT_S) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
