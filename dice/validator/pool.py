@@ -208,7 +208,8 @@ class ValidatorPool:
     ``workers``: parallel slots (default: up to 8 with a GPU, since builds are CPU-bound and runs are
     serialised per GPU; up to 4 without). ``timeout_s`` bounds the run phase (a kernel that never ends),
     ``build_timeout_s`` the compile phase (a cold ``load_inline`` build takes tens of seconds).
-    Identical requests are answered from an in-memory verdict cache.
+    Identical requests are answered from an in-memory verdict cache. ``prewarm`` workers are started at
+    once in the background instead of on first use.
     """
 
     def __init__(
@@ -220,6 +221,7 @@ class ValidatorPool:
         build_timeout_s: float = 900.0,
         max_tasks_per_worker: int = 64,
         cache_verdicts: bool = True,
+        prewarm: int = 0,
     ) -> None:
         self.gpu = gpu_available() if gpu is None else bool(gpu) and gpu_available()
         cpus = os.cpu_count() or 2
@@ -240,6 +242,8 @@ class ValidatorPool:
         self._cache_lock = threading.Lock()
         self._closed = False
         self._live: list[_Worker | None] = [None] * workers
+        # A GPU worker takes ~10 s to start (torch, CUDA context, CUPTI); an editor starts some up front.
+        self._prewarm = min(max(0, prewarm), workers)
         self._threads = [
             threading.Thread(target=self._slot_loop, args=(i,), name=f"dice-validator-{i}", daemon=True)
             for i in range(workers)
@@ -324,6 +328,9 @@ class ValidatorPool:
         return future
 
     def _slot_loop(self, slot: int) -> None:
+        if slot < self._prewarm:
+            with contextlib.suppress(_WorkerGone):
+                self._worker(slot)
         while True:
             task = self._queue.get()
             if task is None:

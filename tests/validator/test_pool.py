@@ -144,3 +144,15 @@ def test_closed_pool_refuses_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     pool.close()
     with pytest.raises(RuntimeError, match="closed"):
         pool.submit_cu("__global__ void k() {}\n")
+
+
+def test_prewarm_starts_workers_before_any_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DICE_CACHE_DIR", str(tmp_path))
+    with ValidatorPool(2, gpu=False, prewarm=2) as pool:
+        deadline = time.monotonic() + 60
+        while any(w is None for w in pool._live) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = {w.proc.pid for w in pool._live if w is not None}
+        assert len(pids) == 2
+        first = json.loads(probe(pool, action="ok").message)
+        assert first["pid"] in pids
