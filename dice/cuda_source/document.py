@@ -32,7 +32,7 @@ from dice.cuda_source._syntax import (
 from dice.cuda_source.positions import PositionIndex, Range, encode_text
 
 # The regexes only ever see the text of one comment node; the C++ itself is parsed by tree-sitter.
-_MASK_COMMENT = re.compile(r"(?:/\*\s*<MASK(?::\s*(\d+)\s*)?>\s*\*/|//\s*<MASK(?::\s*(\d+)\s*)?>\s*)")
+_MASK_COMMENT = re.compile(r"(?:/\*\s*<MASK(?::\s*([0-9]+)\s*)?>\s*\*/|//\s*<MASK(?::\s*([0-9]+)\s*)?>\s*)")
 _SPEC_HEADER = re.compile(r"\s*dice-spec\b:?")
 
 # Node types that may precede a function declarator in a (possibly broken) declaration.
@@ -88,7 +88,9 @@ class Mask:
 
 @dataclass(frozen=True)
 class DiceSpec:
-    """The Python source of the file's ``dice-spec`` block comment, dedented, newlines normalised to ``\\n``.
+    """The Python source of the file's first ``dice-spec`` block comment (``/* dice-spec ... */``), dedented,
+    newlines normalised to ``\\n``; lines are otherwise verbatim (no `` * `` gutter is stripped). Text after
+    ``dice-spec`` on the opening line, if any, is the source's first line.
 
     ``line_offset`` is the 0-based file line of the source's first line, so a Python error on line ``k``
     (1-based) of the spec is on file line ``line_offset + k - 1``.
