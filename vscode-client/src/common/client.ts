@@ -65,7 +65,7 @@ export const createLanguageClientHandle: HandleFactory = (options) => {
     const client = new LanguageClient(
         'dice',
         'DICE',
-        { command: options.launch.command, args: options.launch.args, options: { env: { ...process.env } } },
+        { command: options.launch.command, args: options.launch.args },
         clientOptions,
     );
     client.onNotification(DiceStatusNotification, (payload) => options.onStatus(payload));

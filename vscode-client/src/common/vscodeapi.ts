@@ -83,16 +83,6 @@ export function updateSetting(section: string, key: string, value: unknown): The
     return config.update(key, value, target);
 }
 
-export async function showTextDocument(uri: string): Promise<void> {
-    const document = await vscode.workspace.openTextDocument(vscode.Uri.parse(uri));
-    await vscode.window.showTextDocument(document, { preview: false });
-}
-
-export async function openUntitled(content: string, language: string): Promise<void> {
-    const document = await vscode.workspace.openTextDocument({ content, language });
-    await vscode.window.showTextDocument(document, { preview: false });
-}
-
 export function executeCommand(command: string, ...args: unknown[]): Thenable<unknown> {
     return vscode.commands.executeCommand(command, ...args);
 }
