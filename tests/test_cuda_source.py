@@ -15,6 +15,7 @@ from dice.cuda_source import (
     PositionIndex,
     Range,
     encode_text,
+    extract_device_code,
     function_at,
     parse_document,
     utf16_length,
@@ -236,6 +237,9 @@ def test_arbitrary_bytes_parse(data: bytes) -> None:
     index = doc.index
     for mask in doc.masks:
         assert index.position_to_byte(mask.range.start) == mask.start_byte
+    device = extract_device_code(data)
+    assert len(device.line_map) == device.source.count("\n")  # lines end in "\n", and only there
+    assert all(0 <= line < index.line_count for line in device.line_map)
 
 
 def test_lone_surrogates_and_nul_do_not_raise() -> None:

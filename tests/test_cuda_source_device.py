@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dice.cuda_source import extract_device_code, parse_document, splice
 
@@ -312,3 +314,52 @@ __global__ void k(P p, Q<float> q, Q<float>::In in, int* o) {
         assert kept in device.source, kept
     ok, log = nvrtc_compile(device.source)
     assert ok, log
+
+
+# Namespace-scope items, each whole lines; {i} makes names unique.
+DEVICE_ITEMS = [
+    "__global__ void k{i}(float* x, int n) {{\n    int j = threadIdx.x; // é 😀\n"
+    "    if (j < n) x[j] = {i};\n}}\n",
+    "__device__ __forceinline__ float d{i}(float v) {{ return v * {i}.0f; }}\n",
+    "template <typename T>\n__device__ T t{i}(T v) {{\n    return v;\n}}\n",
+    "#define M{i} ({i} + 1)\n",
+    "__constant__ float c{i}[4];\n",
+    "struct S{i} {{\n    float a;\n    __device__ float get() const {{ return a; }}\n}};\n",
+    "// comment {i} ü\n",
+    "\n",
+]
+HOST_ITEMS = [
+    "int main{i}() {{\n    float* d;\n    cudaMalloc(&d, 4);\n    k0<<<1, 1>>>(d, 1);\n    return 0;\n}}\n",
+    "void launch{i}(float* x) {{\n    k0<<<1, 32>>>(x, 32);\n}}\n",
+    "static std::vector<float> buffer{i};\n",
+    "#include <vector>\n",
+    "torch::Tensor forward{i}(torch::Tensor x);\n",
+]
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 7), st.integers(0, 4)), max_size=14),
+       st.sampled_from(["\n", "\r\n"]))
+@settings(max_examples=80, deadline=None)
+def test_generated_files_keep_device_items_verbatim_with_exact_lines(
+        plan: list[tuple[bool, int, int]], newline: str) -> None:
+    items = [(DEVICE_ITEMS[d].format(i=n) if device else HOST_ITEMS[h].format(i=n), device)
+             for n, (device, d, h) in enumerate(plan)]
+    text = "".join(item for item, _ in items).replace("\n", newline)
+    device = extract_device_code(text)
+    original = text.replace("\r\n", "\n").split("\n")
+    out = device.source.split("\n")[:-1] if device.source else []
+    assert len(out) == len(device.line_map)
+    # Every output line is its original line (nothing here shares a line with dropped code).
+    for line, origin in zip(out, device.line_map, strict=True):
+        assert line == original[origin]
+    # Device items survive whole and in order; host items vanish.
+    kept_text = "\n".join(out)
+    for item, is_device in items:
+        body = item.strip("\n")
+        if not body:
+            continue
+        if is_device:
+            assert body in kept_text
+        else:
+            assert body.splitlines()[0] not in kept_text
+    assert device.has_host_code == any(not is_device and "#include" not in item for item, is_device in items)
