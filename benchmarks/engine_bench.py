@@ -107,7 +107,7 @@ def random_model(cfg: ModelConfig, seed: int = 0) -> DiceModel:
 
 def sync() -> None:
     if DEV == "cuda":
-        sync()
+        torch.cuda.synchronize()
 
 
 def cuda_time(fn, repeats: int) -> list[float]:
@@ -144,7 +144,7 @@ def random_prompts(batch: int, length: int, seed: int) -> list[list[int]]:
     return torch.randint(0, 150000, (batch, length), generator=g).tolist()
 
 
-def step_ms(eng: Engine, runner, block: int, length: int, repeats: int) -> float:
+def step_ms(eng: Engine, runner, block: int, length: int, repeats: int, inner: int = 20) -> float:
     """Median ms of one denoising-step forward (length = block, or 2*block for a block's first step)."""
     cache = runner.new_cache(1, PROMPT_LEN + 64, block)
     cache.reset([0])
@@ -156,7 +156,6 @@ def step_ms(eng: Engine, runner, block: int, length: int, repeats: int) -> float
     start = torch.full((1,), PROMPT_LEN, dtype=torch.long, device=DEV)
     for _ in range(3):
         runner.step(cache, x, pos, start, block)
-    inner = 20
 
     def run() -> None:
         for _ in range(inner):
@@ -396,17 +395,54 @@ class Report:
         return "\n".join(lines) + "\n"
 
 
+def run_batches(rep: Report, tok: Tokenizer, layers: dict, batches: tuple[int, ...], new: int) -> None:
+    """(d): batched decoding throughput at the 4B shape."""
+    model = random_model(ModelConfig.from_dict(CONFIGS["4B"] | layers))
+    eng = Engine(model, tok, name="4B", cuda_graphs=DEV == "cuda")
+    for b in batches:
+        prompts = random_prompts(b, PROMPT_LEN, 3)
+        for k, steps in ((1, 4), (2, 2)):
+            g = generate_rate(eng, prompts, new, steps, 1)
+            rep.add(f"batch_{b}_{k}", g)
+            log(f"4B batch {b}, {k} tok/step -> {g['decode_tokens_per_s']:.0f} tok/s decode")
+    del eng, model
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_single(
+    rep: Report, tok: Tokenizer, name: str, layers: dict, bw: float, new: int, repeats: int
+) -> DiceModel:
+    """(a) and (b) for one shape at batch 1; returns the model (the HF baseline reuses the 8B weights)."""
+    model = random_model(ModelConfig.from_dict(CONFIGS[name] | layers))
+    wbytes = param_bytes(model)
+    eng = Engine(model, tok, name=name, cuda_graphs=DEV == "cuda")
+    eager = Engine(model, tok, name=name, cuda_graphs=False)
+    r = {
+        "weight_gb": wbytes / 1e9,
+        "roofline_ms": wbytes / bw * 1e3,
+        "graph_ms": step_ms(eng, eng.runner, 4, 4, repeats + 2),
+        "graph_ms_8": step_ms(eng, eng.runner, 4, 8, repeats + 2),
+        "eager_ms": step_ms(eager, eager.runner, 4, 4, 1, inner=10),
+    }
+    rep.add(f"step_{name}", r)
+    log(f"{name}: step {r['graph_ms']:.2f} ms, roofline {r['roofline_ms']:.2f}, eager {r['eager_ms']:.2f}")
+    prompt = random_prompts(1, PROMPT_LEN, 2)
+    for k, steps in ((1, 4), (2, 2)):
+        g = generate_rate(eng, prompt, new, steps, repeats)
+        rep.add(f"gen_{name}_{k}", g)
+        log(f"{name}: {k} tok/step: {g['tokens_per_s']:.1f} tok/s, {g['decode_tokens_per_s']:.1f} decode")
+    return model
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--quick", action="store_true", help="4-layer shapes, few tokens: checks every path fast")
-    p.add_argument(
-        "--budget-s", type=float, default=200.0, help="start the HF compile section only before this"
-    )
-    p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument(
-        "--smoke-cpu", action="store_true", help="check the script on a CPU (tiny shapes, no HF compile)"
-    )
+    p.add_argument("--budget-s", type=float, default=200.0, help="start the HF compile only before this")
+    p.add_argument("--new-tokens", type=int, default=256, help="new tokens per batch-1 generation")
+    p.add_argument("--hf-new-tokens", type=int, default=64, help="new tokens per HF generation")
+    p.add_argument("--smoke-cpu", action="store_true", help="check the script on a CPU (tiny shapes)")
     args = p.parse_args(argv)
     global DEV, PROMPT_LEN
     batches = (64, 128)
@@ -416,13 +452,10 @@ def main(argv: list[str] | None = None) -> None:
         shrink = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 8, "head_dim": 16}
         args.quick = True
     t0 = time.perf_counter()
-    torch.backends.cuda.matmul.allow_tf32 = True
     rep = Report(args.out, sys.argv if argv is None else ["benchmarks/engine_bench.py", *argv])
-    notes: list[str] = []
     layers = ({"num_hidden_layers": 4} if args.quick else {}) | shrink
     new = 32 if args.quick else args.new_tokens
-    hf_new = 16 if args.quick else 64
-    keep_8b: tuple[DiceModel, Any] | None = None
+    hf_new = 16 if args.quick else args.hf_new_tokens
     repeats = 2 if args.quick else 3
 
     bw = copy_bandwidth()
@@ -432,64 +465,29 @@ def main(argv: list[str] | None = None) -> None:
     log(f"copy bandwidth {bw / 1e12:.2f} TB/s")
     tok = bench_tokenizer()
 
-    for name in ("1.7B", "8B"):
-        cfg = ModelConfig.from_dict(CONFIGS[name] | layers)
-        model = random_model(cfg)
-        wbytes = param_bytes(model)
-        eng = Engine(model, tok, name=name, cuda_graphs=DEV == "cuda")
-        eager = Engine(model, tok, name=name, cuda_graphs=False)
-        r = {
-            "weight_gb": wbytes / 1e9,
-            "roofline_ms": wbytes / bw * 1e3,
-            "graph_ms": step_ms(eng, eng.runner, 4, 4, repeats + 2),
-            "graph_ms_8": step_ms(eng, eng.runner, 4, 8, repeats + 2),
-            "eager_ms": step_ms(eager, eager.runner, 4, 4, repeats),
-        }
-        rep.add(f"step_{name}", r)
-        log(
-            f"{name}: step {r['graph_ms']:.2f} ms, roofline {r['roofline_ms']:.2f}, eager {r['eager_ms']:.2f}"
-        )
-        prompt = random_prompts(1, PROMPT_LEN, 2)
-        for k, steps in ((1, 4), (2, 2)):
-            g = generate_rate(eng, prompt, new, steps, repeats)
-            rep.add(f"gen_{name}_{k}", g)
-            log(f"{name}: {k} tok/step: {g['tokens_per_s']:.1f} tok/s, {g['decode_tokens_per_s']:.1f} decode")
-        if name == "8B":
-            rep.add(
-                "ar_limit", {"weight_gb": wbytes / 1e9, "tb_per_s": bw / 1e12, "tokens_per_s": bw / wbytes}
-            )
-            hf = hf_model(model)
-            r = hf_rate(hf, hf_new, 1, compiled=False) | {"model": name}
-            rep.add("hf_eager", r)
-            log(f"HF eager {r['tokens_per_s']:.1f} tok/s")
-            keep_8b = (model, hf)  # the compiled baseline runs last, when the time left is known
-        del eng, eager, model
-        if DEV == "cuda":
-            torch.cuda.empty_cache()
+    model8 = run_single(rep, tok, "8B", layers, bw, new, repeats)
+    w8 = param_bytes(model8)
+    rep.add("ar_limit", {"weight_gb": w8 / 1e9, "tb_per_s": bw / 1e12, "tokens_per_s": bw / w8})
+    hf = hf_model(model8)
+    r = hf_rate(hf, hf_new, 1, compiled=False) | {"model": "8B"}
+    rep.add("hf_eager", r)
+    log(f"HF eager {r['tokens_per_s']:.1f} tok/s")
 
-    cfg = ModelConfig.from_dict(CONFIGS["4B"] | layers)
-    model = random_model(cfg)
-    eng = Engine(model, tok, name="4B", cuda_graphs=DEV == "cuda")
-    batch_new = 16 if args.quick else 64
-    for b in batches:
-        prompts = random_prompts(b, PROMPT_LEN, 3)
-        for k, steps in ((1, 4), (2, 2)):
-            g = generate_rate(eng, prompts, batch_new, steps, 1)
-            rep.add(f"batch_{b}_{k}", g)
-            log(f"4B batch {b}, {k} tok/step -> {g['decode_tokens_per_s']:.0f} tok/s decode")
-    del eng, model
-    if keep_8b is not None:
-        if DEV == "cuda" and time.perf_counter() - t0 < args.budget_s:
-            try:
-                r = hf_rate(keep_8b[1], hf_new, 2, compiled=True) | {"model": "8B"}
-            except Exception as exc:  # report, keep the rest of the run
-                r = {"model": "8B", "skipped": f"{type(exc).__name__}: {str(exc)[:300]}"}
-        else:
-            r = {"model": "8B", "skipped": f"time budget ({args.budget_s:.0f} s) spent before it"}
-        rep.add("hf_compiled", r)
-        log(f"HF compiled: {r.get('tokens_per_s', r.get('skipped'))}")
-    notes.append(f"total wall time {time.perf_counter() - t0:.0f} s")
-    rep.add("notes", notes)
+    run_batches(rep, tok, layers, batches, 16 if args.quick else 64)
+    run_single(rep, tok, "1.7B", layers, bw, new, repeats)
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
+
+    if DEV == "cuda" and time.perf_counter() - t0 < args.budget_s:
+        try:
+            r = hf_rate(hf, hf_new, 2, compiled=True) | {"model": "8B"}
+        except Exception as exc:  # report it, keep the results so far
+            r = {"model": "8B", "skipped": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    else:
+        r = {"model": "8B", "skipped": f"time budget ({args.budget_s:.0f} s) spent before it"}
+    rep.add("hf_compiled", r)
+    log(f"HF compiled: {r.get('tokens_per_s', r.get('skipped'))}")
+    rep.add("notes", [f"total wall time {time.perf_counter() - t0:.0f} s"])
     print(rep.markdown())
 
 

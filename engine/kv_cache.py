@@ -55,11 +55,14 @@ class KVCache:
             raise ValueError("offsets must be multiples of block_size")
         self.offsets.copy_(offsets)  # in place: graph-captured steps keep reading the same tensor
 
-    def write(self, layer: int, start: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store k/v (B, G, T, D) at slots [start, start + T); return the layer's whole (B, G, S, D) cache."""
-        idx = start + self._slots[: k.shape[2]]
-        self.k[layer].index_copy_(2, idx, k)
-        self.v[layer].index_copy_(2, idx, v)
+    def slots(self, start: Tensor, length: int) -> Tensor:
+        """(T,) slot indices [start, start + T) as a device tensor (no host sync, graph-capturable)."""
+        return start + self._slots[:length]
+
+    def write(self, layer: int, slots: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store k/v (B, G, T, D) at ``slots``; return the layer's whole (B, G, S, D) cache."""
+        self.k[layer].index_copy_(2, slots, k)
+        self.v[layer].index_copy_(2, slots, v)
         return self.k[layer], self.v[layer]
 
     def visibility(self, start: Tensor, length: int) -> Tensor:
