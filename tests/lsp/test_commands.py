@@ -142,7 +142,14 @@ async def test_fills_that_do_not_compile_are_not_written(
     client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings=back))
 
 
-async def test_generate_kernel_writes_a_new_file(client: LanguageClient, tmp_path: Path) -> None:
+async def test_generate_kernel_writes_a_new_file(
+    client: LanguageClient, tmp_path: Path, tiny_model: Path
+) -> None:
+    # one sample: a whole-program prompt is long for a CPU test
+    one = {"dice": model_options(tiny_model, candidates=1)}
+    mark = len(client.log_messages)
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings=one))
+    await wait_for(client, types.WINDOW_LOG_MESSAGE, lambda: len(client.log_messages) > mark)
     ref_path = tmp_path / "add.py"
     ref_path.write_text(KERNELBENCH_REF)
     uri = open_document(client, ref_path, KERNELBENCH_REF, language="python")
