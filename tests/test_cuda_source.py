@@ -199,6 +199,20 @@ def test_unclosed_kernel_still_gives_its_function() -> None:
     assert recovered is not None and recovered.recovered
 
 
+@pytest.mark.parametrize("tail", ["", "\n  \n\n", "\n  if (i) {\n    x[i] = 0;\n"])
+def test_cursor_at_the_end_of_a_kernel_being_typed_is_inside_it(tail: str) -> None:
+    head = "#define N 4\n__device__ float g() { return 1.0f; }\n"
+    text = head + "__global__ void k(float* x) {\n  int i = 0;" + tail
+    doc = parse_document(text)
+    end = len(encode_text(text))
+    func = function_at(doc, end)
+    assert func is not None and func.name == "k" and func.recovered and func.kind == "global"
+    assert func.body_start_byte < end <= func.body_end_byte
+    assert function_at(doc, text.index("return")).name == "g"
+    closed = parse_document(text + "\n}\n" * 3)
+    assert function_at(closed, len(encode_text(closed.text))) is None
+
+
 @pytest.mark.parametrize("text", [
     "__global__ void k(float* x) {\n  x[0] = ;\n  /* <MASK> */\n}\n}\n}}\n",
     "}}}{{ __device__ void f( {\n/* <MASK> */ ))) ;;\n",

@@ -47,8 +47,9 @@ _MANY_HITS = 256
 
 @dataclass(frozen=True)
 class FunctionInfo:
-    """A function definition. ``start_byte`` includes a ``template<...>`` header; ``recovered`` marks a
-    function rebuilt from an ERROR node (e.g. its closing brace is not typed yet: it ends at the ERROR's end).
+    """A function definition. ``start_byte`` includes a ``template<...>`` header. ``recovered`` marks a
+    definition that is not closed yet (rebuilt from an ERROR node, or closed by a MISSING brace): its body
+    ends where tree-sitter's error recovery ended it, or at the end of the file when only blanks follow.
     """
 
     name: str
@@ -61,6 +62,10 @@ class FunctionInfo:
     recovered: bool = False
 
     def contains(self, byte_offset: int) -> bool:
+        """``start_byte <= byte_offset < end_byte``; an unclosed (recovered) function also holds its end,
+        where the cursor of someone typing at the end of the file is."""
+        if self.recovered and byte_offset == self.end_byte:
+            return True
         return self.start_byte <= byte_offset < self.end_byte
 
 
@@ -262,11 +267,17 @@ def _function_info(node: tree_sitter.Node, top: tree_sitter.Node, data: bytes,
         specifiers.append(child)
     body = node.child_by_field_name("body")
     body_start = body.start_byte if body is not None else node.end_byte
-    body_end = body.end_byte if body is not None else node.end_byte
+    end = node.end_byte
+    # tree-sitter closes a body typed up to the end of the file with a MISSING "}"; the cursor after it
+    # (blank lines included) is still in the body.
+    unclosed = body is not None and body.child_count > 0 and body.children[-1].is_missing
+    if unclosed and not data[end:].strip():
+        end = len(data)
     return FunctionInfo(
         name=name, kind=kind_from_specifiers(specifiers, data, macros),
-        signature=_signature(data, top.start_byte, body_start if body is not None else node.end_byte),
-        start_byte=top.start_byte, end_byte=node.end_byte, body_start_byte=body_start, body_end_byte=body_end,
+        signature=_signature(data, top.start_byte, body_start),
+        start_byte=top.start_byte, end_byte=end, body_start_byte=body_start,
+        body_end_byte=end if body is not None else node.end_byte, recovered=unclosed,
     )
 
 
@@ -294,7 +305,7 @@ def _recover_functions(errors: list[tree_sitter.Node], data: bytes,
             specifiers = children[j:i]
             if not specifiers:
                 continue  # a bare call such as `f(x) {` is not a definition
-            depth, end = 0, error.end_byte
+            depth, end = 0, None
             for sibling in children[i + 1 :]:
                 if sibling.type == "{":
                     depth += 1
@@ -303,6 +314,10 @@ def _recover_functions(errors: list[tree_sitter.Node], data: bytes,
                     if depth == 0:
                         end = sibling.end_byte
                         break
+            if end is None:
+                # Unclosed: the body runs to the ERROR's end, or to the end of the file when only blanks
+                # follow (the user is typing at the end of the file).
+                end = len(data) if not data[error.end_byte :].strip() else error.end_byte
             name_node = declarator.child_by_field_name("declarator")
             body_start = children[i + 1].start_byte
             recovered.append(FunctionInfo(
