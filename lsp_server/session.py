@@ -158,7 +158,7 @@ class DiceSession:
             if not _pid_alive(pid):
                 logger.warning("client process %s is gone; exiting", pid)
                 self.close()
-                os._exit(0)
+                os._exit(1)  # no shutdown request came: exit status 1 (LSP)
 
     def close(self) -> None:
         """Stop everything: pending requests, timers, watchers, the service (threads and workers)."""
