@@ -216,21 +216,22 @@ def write_curves(out: Path, history: list[dict], eval_history: list[dict]) -> No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
-    ax[0].plot([h["step"] for h in history], [h["loss"] for h in history], label="train", lw=1)
-    if eval_history:
-        ax[0].plot(
-            [h["step"] for h in eval_history], [h["eval_loss"] for h in eval_history], "o-", label="held-out"
-        )
-        ax[1].plot(
-            [h["step"] for h in eval_history], [h["eval_masked_acc"] for h in eval_history], "o-", color="C1"
-        )
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax[0].plot([h["step"] for h in history], [h["loss"] for h in history], label="train (batch)", lw=0.8)
+    for i, n in enumerate(sorted({int(h.get("rows", 0)) for h in eval_history})):
+        pts = [h for h in eval_history if int(h.get("rows", 0)) == n]
+        style = dict(marker="o" if i == 0 else "*", ms=6 if i == 0 else 12, color=f"C{i + 1}")
+        label = f"held-out, {n} rows"
+        ax[0].plot([h["step"] for h in pts], [h["eval_loss"] for h in pts], label=label, **style)
+        ax[1].plot([h["step"] for h in pts], [h["eval_masked_acc"] for h in pts], label=label, **style)
     ax[0].set_xlabel("step")
-    ax[0].set_ylabel("block-diffusion loss (1/t-weighted CE per answer token)")
+    ax[0].set_ylabel("loss (1/t-weighted CE / answer token)")
     ax[0].set_yscale("log")
     ax[0].legend()
     ax[1].set_xlabel("step")
     ax[1].set_ylabel("held-out masked-token accuracy")
+    if eval_history:
+        ax[1].legend()
     fig.tight_layout()
     fig.savefig(out / "loss_curve.png", dpi=110)
     plt.close(fig)
@@ -515,8 +516,7 @@ def main(cfg: SFTConfig) -> dict:
 
     if eval_rows is not None:
         final_rows = cfg.final_eval_rows or cfg.eval_rows
-        if eval_history and eval_history[-1]["step"] == step:
-            eval_history.pop()
+        # Kept beside a periodic evaluation of the same step: the row counts differ (column "rows").
         eval_history.append({"step": step, **evaluate(final_rows)})
     ckpt = save_checkpoint()
     final = out / "final"
