@@ -4,6 +4,7 @@
 /* eslint-disable @typescript-eslint/no-explicit-any */
 
 import { Disposable, EventEmitter } from './events';
+import { CancellationTokenSource } from './host';
 
 export { Disposable, EventEmitter };
 
@@ -85,8 +86,8 @@ export const stub = {
     statusItems: [] as StubStatusBarItem[],
     channels: [] as StubLogChannel[],
     progress: [] as { title: string; reports: { message?: string; increment?: number }[] }[],
-    /** Cancels the token handed to withProgress tasks when set before the call. */
-    cancelProgress: false,
+    /** Called on every progress report with a function that cancels the notification (the user's ✕). */
+    onProgressReport: undefined as ((report: { message?: string; increment?: number }, cancel: () => void) => void) | undefined,
     settings: new Map<string, unknown>(),
     workspaceSettings: new Map<string, unknown>(),
     updates: [] as { key: string; value: unknown; target: ConfigurationTarget }[],
@@ -107,7 +108,7 @@ export const stub = {
         this.statusItems = [];
         this.channels = [];
         this.progress = [];
-        this.cancelProgress = false;
+        this.onProgressReport = undefined;
         this.settings.clear();
         this.workspaceSettings.clear();
         this.updates = [];
@@ -186,12 +187,16 @@ export const window = {
     showErrorMessage: message('error'),
     withProgress<T>(
         options: { title: string },
-        task: (progress: { report(v: object): void }, token: { isCancellationRequested: boolean; onCancellationRequested: any }) => Promise<T>,
+        task: (progress: { report(v: object): void }, token: CancellationTokenSource['token']) => Promise<T>,
     ): Promise<T> {
-        const record = { title: options.title, reports: [] as object[] };
+        const record = { title: options.title, reports: [] as { message?: string; increment?: number }[] };
         stub.progress.push(record);
-        const token = { isCancellationRequested: stub.cancelProgress, onCancellationRequested: () => new Disposable(() => undefined) };
-        return task({ report: (v) => record.reports.push(v) }, token);
+        const source = new CancellationTokenSource();
+        const report = (v: { message?: string; increment?: number }): void => {
+            record.reports.push(v);
+            stub.onProgressReport?.(v, () => source.cancel());
+        };
+        return task({ report }, source.token);
     },
     get activeTextEditor(): unknown {
         return stub.activeTextEditor;
