@@ -390,6 +390,20 @@ class Report:
                         f"| {b} | {k} | {r['new_tokens']} | {r['tokens_per_s']:.0f} | "
                         f"{r['decode_tokens_per_s']:.0f} | {r['decode_ms_per_step']:.2f} |"
                     )
+        compiled = [
+            (n, s[f"step_{n}"]) for n in ("1.7B", "8B") if "compiled_graph_ms" in s.get(f"step_{n}", {})
+        ]
+        if compiled:
+            lines += [
+                "",
+                "torch.compile'd step inside the graph: "
+                + ", ".join(
+                    f"{n} {r['compiled_graph_ms']:.2f} ms "
+                    f"({r['compiled_graph_ms'] / r['roofline_ms']:.2f}x roofline, "
+                    f"compile {r['compile_s']:.0f} s)"
+                    for n, r in compiled
+                ),
+            ]
         if s.get("notes"):
             lines += ["", "## Notes", ""] + [f"- {n}" for n in s["notes"]]
         return "\n".join(lines) + "\n"
@@ -411,7 +425,14 @@ def run_batches(rep: Report, tok: Tokenizer, layers: dict, batches: tuple[int, .
 
 
 def run_single(
-    rep: Report, tok: Tokenizer, name: str, layers: dict, bw: float, new: int, repeats: int
+    rep: Report,
+    tok: Tokenizer,
+    name: str,
+    layers: dict,
+    bw: float,
+    new: int,
+    repeats: int,
+    compile: bool = False,
 ) -> DiceModel:
     """(a) and (b) for one shape at batch 1; returns the model (the HF baseline reuses the 8B weights)."""
     model = random_model(ModelConfig.from_dict(CONFIGS[name] | layers))
@@ -425,6 +446,12 @@ def run_single(
         "graph_ms_8": step_ms(eng, eng.runner, 4, 8, repeats + 2),
         "eager_ms": step_ms(eager, eager.runner, 4, 4, 1, inner=10),
     }
+    if compile and DEV == "cuda":
+        t = time.perf_counter()
+        compiled = Engine(model, tok, name=name, cuda_graphs=True, compile=True)
+        r["compiled_graph_ms"] = step_ms(compiled, compiled.runner, 4, 4, repeats + 2)
+        r["compile_s"] = time.perf_counter() - t
+        del compiled
     rep.add(f"step_{name}", r)
     log(f"{name}: step {r['graph_ms']:.2f} ms, roofline {r['roofline_ms']:.2f}, eager {r['eager_ms']:.2f}")
     prompt = random_prompts(1, PROMPT_LEN, 2)
@@ -443,6 +470,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--new-tokens", type=int, default=256, help="new tokens per batch-1 generation")
     p.add_argument("--hf-new-tokens", type=int, default=64, help="new tokens per HF generation")
     p.add_argument("--smoke-cpu", action="store_true", help="check the script on a CPU (tiny shapes)")
+    p.add_argument("--compile", action="store_true", help="also time the torch.compile'd graph step (a,b)")
     args = p.parse_args(argv)
     global DEV, PROMPT_LEN
     batches = (64, 128)
@@ -465,7 +493,7 @@ def main(argv: list[str] | None = None) -> None:
     log(f"copy bandwidth {bw / 1e12:.2f} TB/s")
     tok = bench_tokenizer()
 
-    model8 = run_single(rep, tok, "8B", layers, bw, new, repeats)
+    model8 = run_single(rep, tok, "8B", layers, bw, new, repeats, args.compile)
     w8 = param_bytes(model8)
     rep.add("ar_limit", {"weight_gb": w8 / 1e9, "tb_per_s": bw / 1e12, "tokens_per_s": bw / w8})
     hf = hf_model(model8)
@@ -474,7 +502,7 @@ def main(argv: list[str] | None = None) -> None:
     log(f"HF eager {r['tokens_per_s']:.1f} tok/s")
 
     run_batches(rep, tok, layers, batches, 16 if args.quick else 64)
-    run_single(rep, tok, "1.7B", layers, bw, new, repeats)
+    run_single(rep, tok, "1.7B", layers, bw, new, repeats, args.compile)
     if DEV == "cuda":
         torch.cuda.empty_cache()
 
