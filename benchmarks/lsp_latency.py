@@ -67,7 +67,11 @@ SHAPES: dict[str, dict[str, int]] = {
     ),
     # the same code path at a size that builds in a second (checks the script, measures nothing useful)
     "smoke": dict(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
         intermediate_size=128,
     ),
 }
@@ -130,9 +134,15 @@ class BenchClient(LanguageClient):
         self.status: list[dict[str, Any]] = []
         self.status_changed = asyncio.Event()
 
+        self.logs: list[str] = []
+
         @self.feature(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
         def on_diagnostics(params: Any) -> None:
             pass
+
+        @self.feature(types.WINDOW_LOG_MESSAGE)
+        def on_log(params: types.LogMessageParams) -> None:
+            self.logs.append(params.message)
 
         @self.feature("dice/status")
         def on_status(params: Any) -> None:
@@ -254,6 +264,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "p95": round(percentile(cached, 95), 2),
         },
         "empty_responses": empty,
+        "server_log": client.logs,
         "samples_ms": [round(x, 1) for x in latencies],
         "target": "p50 <= 300 ms (embedded model, CPU, 32-token mask)",
     }

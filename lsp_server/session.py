@@ -34,6 +34,8 @@ MODEL_KEY = "model"  # watcher key of the model folder
 DIAGNOSTICS_DELAY_S = 0.15  # quiet time after an edit before masks are re-parsed
 MODEL_RELOAD_DELAY_S = 1.0  # a checkpoint write touches many files: reload once, after they settle
 REVALIDATE_DELAY_S = 0.3
+# Files whose change means a different model: config and weights (and their index), tokenizer files.
+MODEL_FILE_SUFFIXES = frozenset({".json", ".safetensors", ".bin", ".txt", ".model"})
 
 
 class ServiceUnavailable(RuntimeError):
@@ -399,6 +401,8 @@ class DiceSession:
             return
         for key in keys:
             if key == MODEL_KEY:
+                if path.suffix not in MODEL_FILE_SUFFIXES:
+                    continue  # training curves, logs, editor swap files: the model did not change
                 self.log(f"model folder changed ({path.name}): reloading")
                 self._debounced(MODEL_KEY, MODEL_RELOAD_DELAY_S, self.load_service)
             else:

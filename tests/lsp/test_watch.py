@@ -65,9 +65,11 @@ async def test_model_folder_change_reloads(client: LanguageClient) -> None:
     loading = next(s for s in client.dice_status if s["state"] == "loading")
     folder = Path(loading["message"].removeprefix("loading "))
     mark = len(client.dice_status)
+    (folder / "loss_curve.csv").write_text("step,loss\n1,2.0\n")  # not part of the model: ignored
     config = folder / "config.json"
     config.write_text(config.read_text())  # a checkpoint rewritten in place
     reloading = await wait_status(client, "loading", after=mark)
     assert reloading["message"] == f"loading {folder}"
     await wait_status(client, "ready", after=mark)
-    assert any("model folder changed" in m.message for m in client.log_messages)
+    changed = [m.message for m in client.log_messages if "model folder changed" in m.message]
+    assert changed and all("config.json" in m for m in changed)
