@@ -540,6 +540,9 @@ class AssistantService:
                 fills[i] = _dedupe(fills[i] + more)
         run.emit("generating", run.steps_total, run.steps_total, "generated")
         t_generated = time.perf_counter()
+        # a blank fill only deletes the hole: it would "compile" and outrank every real attempt
+        empty = sum(1 for f in fills for x in f if not x.text.strip())
+        fills = [[x for x in f if x.text.strip()] for f in fills]
 
         # validation: hole i is checked with holes before it at their chosen fill and holes after it at
         # their greedy fill, so that the last hole's best verdict is the verdict of best_text itself
@@ -550,8 +553,15 @@ class AssistantService:
         best_verdict: Verdict | None = None
         for i, hole in enumerate(holes):
             run.raise_if_cancelled()
-            others = {h.index: (chosen[h.index] if j < i else fills[j][0].text)
-                      for j, h in enumerate(holes) if j != i}
+            if not fills[i]:  # nothing but blank fills: the hole stays as it is
+                results.append(MaskCompletion(mask=masks[hole.index], candidates=[]))
+                continue
+            others: dict[int, str] = {}
+            for j, h in enumerate(holes):
+                if j < i and h.index in chosen:
+                    others[h.index] = chosen[h.index]
+                elif j > i and fills[j]:
+                    others[h.index] = fills[j][0].text
             texts = [_splice(doc, holes, {**others, hole.index: f.text})[0] for f in fills[i]]
             verdicts = await self._validate_texts(run, texts, checks_done, total_checks)
             checks_done += len(texts)
@@ -584,6 +594,7 @@ class AssistantService:
                 "validate_s": t_validated - t_generated,
                 "total_s": time.perf_counter() - t0,
                 "steps": float(run.steps_done),
+                "empty_fills": float(empty),
             },
         )
         if not completion.partial:

@@ -144,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
         if mc.mask.function:
             where += f" in {mc.mask.function}"
         if best is None:
-            console.print(f"  mask {mc.mask.index} ({where}): no candidate")
+            console.print(f"  mask {mc.mask.index} ({where}): no candidate (every fill was blank), "
+                          "left as is")
             continue
         console.print(f"  mask {mc.mask.index} ({where}): {verdict_label(best.verdict)} · confidence "
                       f"{best.confidence:.2f} · {len(mc.candidates)} candidate(s)")
@@ -163,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
         payload = {"file": str(path), **result.to_json()}
         print(json.dumps(payload, indent=2, ensure_ascii=False))
     if args.write:
+        if not any(mc.candidates for mc in result.masks):
+            raise CliError(f"not writing {path}: the model produced no usable fill", code=1)
         verdict = result.best_verdict
         compiled = verdict is not None and verdict.compiled
         if not compiled and not args.force:

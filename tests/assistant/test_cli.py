@@ -223,3 +223,12 @@ def test_write_refuses_when_the_file_changed_meanwhile(monkeypatch, shared_pool,
     code = main(["complete", str(cu_file), "--candidates", "1", "--validation", "compile", "--write"])
     assert code == 1 and "changed on disk" in capsys.readouterr().err
     assert cu_file.read_text().endswith("// the user typed this meanwhile\n")  # their edit survives
+
+
+def test_write_refuses_when_every_fill_is_blank(monkeypatch, shared_pool, cu_file, capsys) -> None:
+    _scripted(monkeypatch, lambda p, s, n, t: [("\n", 0.9)] * n)
+    code = main(["complete", str(cu_file), "--candidates", "2", "--validation", "compile", "--write",
+                 "--force"])
+    err = capsys.readouterr().err
+    assert code == 1 and "no usable fill" in err and "every fill was blank" in err
+    assert cu_file.read_bytes() == TWO_MASKS.encode()

@@ -263,3 +263,21 @@ async def test_generate_kernel_ranks_validated_programs(scripted_engine_factory,
     calls = len(engine.requests)
     again = await service.generate_kernel(ref)
     assert [p.source for p in again] == [p.source for p in ranked] and len(engine.requests) == calls
+
+
+async def test_blank_fills_are_not_candidates(scripted_engine_factory, validator_pool) -> None:
+    def fills(prefix: str, suffix: str, n: int, temperature: float) -> list[tuple[str, float]]:
+        if "square" in suffix:
+            return [("  \n", 0.99)] if temperature == 0.0 else [(GOOD_SCALE, 0.3)] * n
+        return [("\n", 0.99)] * n  # the device function only ever gets blanks
+
+    engine = scripted_engine_factory(fills)
+    service = AssistantService(AssistantSettings(candidates=2, validation_level="compile", max_latency_ms=0),
+                               engine=engine, validator=validator_pool)
+    result = await service.complete_document(TWO_MASKS)
+    scale, square = result.masks
+    assert [c.text for c in scale.candidates] == [GOOD_SCALE]
+    assert square.candidates == []
+    assert result.best_text == TWO_MASKS.replace("/* <MASK> */", GOOD_SCALE)  # the blank hole stays a mask
+    assert result.best_verdict is not None and result.best_verdict.compiled
+    assert result.stats["empty_fills"] == 2  # distinct blank fills: "  \n" and "\n"
