@@ -540,9 +540,10 @@ class AssistantService:
                 fills[i] = _dedupe(fills[i] + more)
         run.emit("generating", run.steps_total, run.steps_total, "generated")
         t_generated = time.perf_counter()
-        # a blank fill only deletes the hole: it would "compile" and outrank every real attempt
-        empty = sum(1 for f in fills for x in f if not x.text.strip())
-        fills = [[x for x in f if x.text.strip()] for f in fills]
+        # a blank (or comment-only) fill only deletes the hole: it would "compile" and outrank every real
+        # attempt
+        empty = sum(1 for f in fills for x in f if _is_blank(x.text))
+        fills = [[x for x in f if not _is_blank(x.text)] for f in fills]
 
         # validation: hole i is checked with holes before it at their chosen fill and holes after it at
         # their greedy fill, so that the last hole's best verdict is the verdict of best_text itself
@@ -553,7 +554,7 @@ class AssistantService:
         best_verdict: Verdict | None = None
         for i, hole in enumerate(holes):
             run.raise_if_cancelled()
-            if not fills[i]:  # nothing but blank fills: the hole stays as it is
+            if not fills[i]:  # nothing but blank or comment-only fills: the hole stays as it is
                 results.append(MaskCompletion(mask=masks[hole.index], candidates=[]))
                 continue
             others: dict[int, str] = {}
@@ -813,6 +814,15 @@ def _prompt_token_counter(engine: Any) -> Callable[[InfillRequest], int] | None:
 def _context_tokens(engine: Any) -> int | None:
     value = getattr(engine.config, "max_position_embeddings", None)
     return int(value) if value else None
+
+
+_COMMENT = re.compile(r"/\*.*?(?:\*/|\Z)|//[^\n]*", re.DOTALL)
+
+
+def _is_blank(fill: str) -> bool:
+    """Nothing but whitespace and comments (a comment look-alike inside a string leaves the string's
+    other characters behind, so real code is never called blank)."""
+    return not _COMMENT.sub("", fill).strip()
 
 
 def _dedupe(fills: list[_Fill]) -> list[_Fill]:

@@ -144,8 +144,8 @@ def run(args: argparse.Namespace) -> int:
         if mc.mask.function:
             where += f" in {mc.mask.function}"
         if best is None:
-            console.print(f"  mask {mc.mask.index} ({where}): no candidate (every fill was blank), "
-                          "left as is")
+            console.print(f"  mask {mc.mask.index} ({where}): no candidate (every fill was blank or only "
+                          "a comment), left as is")
             continue
         console.print(f"  mask {mc.mask.index} ({where}): {verdict_label(best.verdict)} · confidence "
                       f"{best.confidence:.2f} · {len(mc.candidates)} candidate(s)")

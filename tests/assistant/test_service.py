@@ -265,11 +265,18 @@ async def test_generate_kernel_ranks_validated_programs(scripted_engine_factory,
     assert [p.source for p in again] == [p.source for p in ranked] and len(engine.requests) == calls
 
 
+def test_blank_means_whitespace_and_comments_only() -> None:
+    from dice.assistant.service import _is_blank
+
+    assert _is_blank("  \n\t") and _is_blank("// TODO\n  /* later */ ") and _is_blank("/* unterminated")
+    assert not _is_blank('printf("// not a comment");') and not _is_blank("x = 1; // set x")
+
+
 async def test_blank_fills_are_not_candidates(scripted_engine_factory, validator_pool) -> None:
     def fills(prefix: str, suffix: str, n: int, temperature: float) -> list[tuple[str, float]]:
         if "square" in suffix:
             return [("  \n", 0.99)] if temperature == 0.0 else [(GOOD_SCALE, 0.3)] * n
-        return [("\n", 0.99)] * n  # the device function only ever gets blanks
+        return [("\n", 0.99)] if temperature == 0.0 else [("// return v * v;", 0.9)] * n  # no code
 
     engine = scripted_engine_factory(fills)
     service = AssistantService(AssistantSettings(candidates=2, validation_level="compile", max_latency_ms=0),
@@ -280,4 +287,4 @@ async def test_blank_fills_are_not_candidates(scripted_engine_factory, validator
     assert square.candidates == []
     assert result.best_text == TWO_MASKS.replace("/* <MASK> */", GOOD_SCALE)  # the blank hole stays a mask
     assert result.best_verdict is not None and result.best_verdict.compiled
-    assert result.stats["empty_fills"] == 2  # distinct blank fills: "  \n" and "\n"
+    assert result.stats["empty_fills"] == 3  # distinct blank fills: "  \n", "\n", "// return v * v;"
