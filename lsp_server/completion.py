@@ -68,7 +68,8 @@ async def inline_completion(
         if current_version(session.ls.workspace, uri) != snap.version:
             session.log(f"dropped suggestions for a stale version of {uri}")
             return []
-        logger.info("inline %s #%d: %s", uri, ticket.seq, {k: round(v, 3) for k, v in result.stats.items()})
+        stats = {k: round(v, 3) for k, v in result.stats.items()}
+        session.log(f"inline #{ticket.seq}: cached={result.from_cache} {stats}", types.MessageType.Log)
         candidates = _mask_candidates(result, plan.mask_index)
         level = session.settings.validation.level
         usable = [c for c in candidates if is_usable(c.verdict, level)]
