@@ -180,6 +180,8 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "load_average_1m_at_start": round(os.getloadavg()[0], 2),
     }
@@ -316,7 +318,7 @@ def write_results(result: dict[str, Any], out_dir: Path) -> list[Path]:
         f" cached repeat p50 {result['cached_latency_ms']['p50']} ms; the assistant's own time p50"
         f" {result['service_total_ms_p50']} ms",
         f"- target: {result['target']}",
-        f"- machine: {m['platform']}, {m['cpu_count']} CPUs, torch {m['torch']}"
+        f"- machine: {m['platform']}, {m['cpus_usable']} of {m['cpu_count']} CPUs usable, torch {m['torch']}"
         + (f", {m['gpu']}" if m.get("gpu") else "")
         + f"; 1-min load average at start {m['load_average_1m_at_start']}",
         f"- command: `{result['command']}`",
