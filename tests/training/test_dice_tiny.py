@@ -1,0 +1,41 @@
+"""The shipped dice-tiny: the engine's default model, in budget, self-consistent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+DICE_TINY = Path(__file__).resolve().parents[2] / "engine" / "models" / "dice-tiny"
+
+
+@pytest.fixture(autouse=True)
+def _no_model_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DICE_MODEL", raising=False)
+
+
+def test_the_engine_loads_dice_tiny_when_no_model_is_named() -> None:
+    from engine import load_engine
+
+    engine = load_engine(device="cpu")
+    assert engine.path.resolve() == DICE_TINY.resolve()
+    cfg = engine.config
+    assert cfg.model_type == "sdar" and cfg.block_size == 4 and cfg.tie_word_embeddings
+    tok = engine.tokenizer
+    assert tok.mask_id == cfg.mask_token_id == tok.token_to_id("<|MASK|>")
+    assert tok.eos_id == cfg.eos_token_id == tok.token_to_id("<|endoftext|>")
+    assert tok.im_end_id is not None and tok.im_start_id is not None
+    out = engine.infill("__global__ void k(float* y, int n) {\n    ", "\n}\n", max_new_tokens=8)
+    assert isinstance(out[0].text, str)
+
+
+def test_size_budget_and_model_card() -> None:
+    total = sum(p.stat().st_size for p in DICE_TINY.iterdir() if p.is_file())
+    assert total <= 30 * 2**20
+    assert (DICE_TINY / "model.safetensors").stat().st_size <= 16 * 2**20
+    card = (DICE_TINY / "MODEL_CARD.md").read_text()
+    for needle in ("Held-out numbers", "Limitations", "scripts/build_dice_tiny.sh", "DICE-8B", "MIT"):
+        assert needle in card
+    sft = json.loads((DICE_TINY / "sft_config.json").read_text())  # the resolved training configuration
+    assert sft["init_config"] and sft["model"] is None and sft["max_steps"] == 8000
