@@ -412,7 +412,7 @@ class Report:
 def run_batches(rep: Report, tok: Tokenizer, layers: dict, batches: tuple[int, ...], new: int) -> None:
     """(d): batched decoding throughput at the 4B shape."""
     model = random_model(ModelConfig.from_dict(CONFIGS["4B"] | layers))
-    eng = Engine(model, tok, name="4B", cuda_graphs=DEV == "cuda")
+    eng = Engine(model, tok, name="4B", cuda_graphs=DEV == "cuda", fuse_projections=True)
     for b in batches:
         prompts = random_prompts(b, PROMPT_LEN, 3)
         for k, steps in ((1, 4), (2, 2)):
@@ -437,7 +437,7 @@ def run_single(
     """(a) and (b) for one shape at batch 1; returns the model (the HF baseline reuses the 8B weights)."""
     model = random_model(ModelConfig.from_dict(CONFIGS[name] | layers))
     wbytes = param_bytes(model)
-    eng = Engine(model, tok, name=name, cuda_graphs=DEV == "cuda")
+    eng = Engine(model, tok, name=name, cuda_graphs=DEV == "cuda", fuse_projections=True)
     eager = Engine(model, tok, name=name, cuda_graphs=False)
     r = {
         "weight_gb": wbytes / 1e9,

@@ -236,7 +236,12 @@ def save_model(
     for key, value in model.state_dict().items():
         if config.tie_word_embeddings and key == "lm_head.weight":
             continue
-        state[key] = value.detach().to(device="cpu", dtype=target or value.dtype).contiguous()
+        tensor = value.detach().to(device="cpu", dtype=target or value.dtype).contiguous()
+        if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
+            tensor = (
+                tensor.clone()
+            )  # a view into a larger buffer (fused projections): safetensors needs its own
+        state[key] = tensor
     stored_dtype = target or model.model.embed_tokens.weight.dtype
 
     for stale in [*out.glob("model*.safetensors"), out / INDEX_FILE]:

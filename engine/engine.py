@@ -88,8 +88,11 @@ class Engine:
         path: Path | None = None,
         cuda_graphs: bool | None = None,
         compile: bool = False,
+        fuse_projections: bool = False,
     ) -> None:
         self.model = model.eval()
+        if fuse_projections:  # the model becomes inference-only (see DiceModel.fuse_projections)
+            model.fuse_projections()
         self.tokenizer = tokenizer
         self.name = name
         self.path = path
@@ -298,4 +301,12 @@ def load_engine(
         )
     model = load_model(folder, device=dev, dtype=target)
     tokenizer = load_tokenizer(folder, mask_id=model.config.mask_token_id)
-    return Engine(model, tokenizer, name=folder.name, path=folder, cuda_graphs=cuda_graphs, compile=compile)
+    return Engine(
+        model,
+        tokenizer,
+        name=folder.name,
+        path=folder,
+        cuda_graphs=cuda_graphs,
+        compile=compile,
+        fuse_projections=True,
+    )

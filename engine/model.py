@@ -248,6 +248,22 @@ def _grouped_sdpa(q: Tensor, k: Tensor, v: Tensor, grouped_mask: Tensor) -> Tens
     return out.reshape(b, h, t, d)
 
 
+def _fuse_linears(*linears: nn.Linear) -> tuple[Tensor, Tensor | None]:
+    """One (sum of out, in) weight holding the linears' weights; they become row views into it, so the
+    checkpoint keys and memory stay as they were. Inference only: the views no longer require grad."""
+    weight = torch.cat([lin.weight.detach() for lin in linears], 0)
+    has_bias = linears[0].bias is not None
+    bias = torch.cat([lin.bias.detach() for lin in linears], 0) if has_bias else None
+    start = 0
+    for lin in linears:
+        end = start + lin.out_features
+        lin.weight = nn.Parameter(weight[start:end], requires_grad=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[start:end], requires_grad=False)
+        start = end
+    return weight, bias
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -262,6 +278,10 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * hd, config.hidden_size, bias=bias)
         self.q_norm = RMSNorm(hd, config.rms_norm_eps)
         self.k_norm = RMSNorm(hd, config.rms_norm_eps)
+        self.fused_qkv: tuple[Tensor, Tensor | None] | None = None
+
+    def fuse_projections(self) -> None:
+        self.fused_qkv = _fuse_linears(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(
         self,
@@ -273,13 +293,17 @@ class Attention(nn.Module):
         slots: Tensor | None = None,
     ) -> Tensor:
         b, t, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim)).transpose(
-            1, 2
-        )  # (B, H, T, D)
-        k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(
-            1, 2
-        )  # (B, G, T, D)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        hd = self.head_dim
+        if self.fused_qkv is not None:  # one GEMM instead of three
+            qkv = F.linear(x, *self.fused_qkv)
+            q_lin, k_lin, v_lin = qkv.split(
+                (self.num_heads * hd, self.num_kv_heads * hd, self.num_kv_heads * hd), -1
+            )
+        else:
+            q_lin, k_lin, v_lin = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = self.q_norm(q_lin.view(b, t, self.num_heads, hd)).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_norm(k_lin.view(b, t, self.num_kv_heads, hd)).transpose(1, 2)  # (B, G, T, D)
+        v = v_lin.view(b, t, self.num_kv_heads, hd).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.write(self.layer_idx, slots, k, v)  # (B, G, S, D): the whole cache, masked by `mask`
@@ -299,9 +323,17 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.fused_gate_up: tuple[Tensor, Tensor | None] | None = None
+
+    def fuse_projections(self) -> None:
+        self.fused_gate_up = _fuse_linears(self.gate_proj, self.up_proj)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.fused_gate_up is not None:
+            gate, up = F.linear(x, *self.fused_gate_up).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -349,6 +381,20 @@ class DiceModel(nn.Module):
 
     def tie_weights(self) -> None:
         self.lm_head.weight = self.model.embed_tokens.weight
+
+    @torch.no_grad()
+    def fuse_projections(self) -> None:
+        """Inference: q/k/v and gate/up run as one GEMM each (fewer, larger kernels per decode step).
+
+        The original parameters become views into the fused weights, so ``state_dict`` keys, values and
+        memory are unchanged; the model can no longer be trained. Call it once the model is on its device.
+        """
+        if self.training:
+            raise RuntimeError("fuse_projections is for inference; call model.eval() first")
+        for layer in self.model.layers:
+            if layer.self_attn.fused_qkv is None:
+                layer.self_attn.fuse_projections()
+                layer.mlp.fuse_projections()
 
     @torch.no_grad()
     def init_weights(

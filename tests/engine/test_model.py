@@ -246,3 +246,20 @@ def test_cached_forward_matches_full_forward_with_left_padding():
     torch.testing.assert_close(pre[1, 8:], full1[0, :4], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(step[0], full0[0, 12:], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(step[1], full1[0, 4:], rtol=1e-5, atol=1e-5)
+
+
+def test_fused_projections_keep_logits_keys_and_memory():
+    model = make_model()
+    ids = torch.randint(0, 96, (2, 10))
+    with torch.no_grad():
+        before = model(ids)
+    keys = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(RuntimeError, match="inference"):
+        make_model().train().fuse_projections()
+    model.fuse_projections()
+    attn = model.model.layers[0].self_attn
+    assert attn.fused_qkv is not None and attn.q_proj.weight.data_ptr() == attn.fused_qkv[0].data_ptr()
+    after_state = model.state_dict()
+    assert after_state.keys() == keys.keys() and all(torch.equal(after_state[k], v) for k, v in keys.items())
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), before, rtol=1e-6, atol=1e-6)
