@@ -243,6 +243,10 @@ class DiceSession:
             # Constructing the service is cheap; loading the model is not and may fail (bad path). The
             # service still validates kernels without a model, so it is kept for that.
             service = self._validation_only = AssistantService(settings)
+            path = self.settings.model.path
+            if path and not Path(path).expanduser().is_dir():
+                # said at once, before the engine (and torch) is imported for nothing
+                raise FileNotFoundError(f"no checkpoint folder at {path}")
             info = await asyncio.to_thread(lambda: service.model_info)
         except asyncio.CancelledError:
             raise
