@@ -179,5 +179,8 @@ def run(args: argparse.Namespace) -> int:
         write_atomically(path, result.best_text)
         console.print(f"Wrote {path} ({len(result.masks)} mask{plural} filled).")
     elif not args.json:
+        if result.best_text == text:
+            console.print("No mask got a usable fill: nothing to change (try more --candidates or a "
+                          "larger model).")
         sys.stdout.write(unified_diff(path, text, result.best_text))
     return 0
