@@ -232,7 +232,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     empty = 0
     first_item = None
     lengths: list[int] = []
+    deadline = time.perf_counter() + args.time_limit if args.time_limit else float("inf")
     for n in range(1, args.warmup + args.requests + 1):
+        if time.perf_counter() > deadline and len(latencies) >= 3:
+            print(f"--time-limit reached after {len(latencies)} timed requests", flush=True)
+            break
         mark = len(client.logs)
         client.workspace_did_change_configuration(
             types.DidChangeConfigurationParams(settings={"dice": {**settings, "threshold": 0.9 - n * 1e-9}})
@@ -273,7 +277,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "settings": settings,
         "mask_budget_tokens": args.budget,
-        "requests": args.requests,
+        "requests": len(latencies),
         "warmup": args.warmup,
         "server_start_and_model_load_s": round(load_s, 2),
         "latency_ms": {
@@ -358,6 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=32, help="mask budget in tokens")
     parser.add_argument("--candidates", type=int, default=1)
     parser.add_argument("--validation", default="none", choices=["none", "compile", "run"])
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        help="stop sending requests after this many seconds (results still written)",
+    )
     parser.add_argument("--label", default="cpu")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
