@@ -183,3 +183,33 @@ async def test_accepted_item_gets_verdict_lens_and_hover(client: LanguageClient,
         types.HoverParams(types.TextDocumentIdentifier(uri), position=first.start)
     )
     assert hover is not None and "not validated" in hover.contents.value
+
+
+async def test_rapid_typing_answers_every_request_and_only_the_last_runs(
+    client: LanguageClient, tmp_path: Path
+) -> None:
+    text = "// rapid typing\n" + TWO_MASKS
+    uri = open_document(client, tmp_path / "rapid.cu", text)
+    first, _ = mask_ranges(text)
+    origin = types.Position(line=0, character=0)
+    pending = []
+    for version in range(2, 102):
+        client.text_document_did_change(
+            types.DidChangeTextDocumentParams(
+                text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+                content_changes=[
+                    types.TextDocumentContentChangePartial(
+                        range=types.Range(start=origin, end=origin), text="/"
+                    )
+                ],
+            )
+        )
+        at = types.Position(line=first.start.line, character=first.start.character)
+        pending.append(
+            asyncio.ensure_future(
+                client.text_document_inline_completion_async(request(uri, at, automatic=True))
+            )
+        )
+    results = [items_of(r) for r in await asyncio.gather(*pending)]
+    assert all(r == [] for r in results[:-1])  # each superseded by the next keystroke
+    assert len(results[-1]) == 1 and results[-1][0].range == first
