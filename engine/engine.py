@@ -245,14 +245,16 @@ class Engine:
         prompt, response_prefix = infill_prompt(prefix, suffix, context)
         ids = self.tokenizer.encode(prompt + response_prefix)
 
+        starts_line = prefix == "" or prefix.endswith("\n")
+
         def reached_suffix(row: int, new_ids: list[int]) -> bool:
-            return extract_middle(self.tokenizer.decode(new_ids), suffix)[1]
+            return extract_middle(self.tokenizer.decode(new_ids), suffix, starts_line=starts_line)[1]
 
         decode_args.setdefault("until", reached_suffix)
         out = self._sample_n(ids, n, max_new_tokens, **decode_args)
         texts, ids_out, finished = [], [], []
         for row_ids, done in zip(out.ids, out.finished, strict=True):
-            middle, found = extract_middle(self.tokenizer.decode(row_ids), suffix)
+            middle, found = extract_middle(self.tokenizer.decode(row_ids), suffix, starts_line=starts_line)
             texts.append(middle)
             finished.append(found or done)
             ids_out.append(row_ids)

@@ -82,22 +82,40 @@ def suffix_head(suffix: str) -> str:
     return ""
 
 
-def extract_middle(generated: str, suffix: str) -> tuple[str, bool]:
+def extract_middle(generated: str, suffix: str, *, starts_line: bool = True) -> tuple[str, bool]:
     """The middle of an infilling answer: text before the suffix's first line (or the code fence's end).
 
-    Returns (middle, found) where ``found`` says the suffix start (or the fence end) was seen.
+    ``starts_line``: ``generated`` begins at a line start (the prefix ended with a newline). When the
+    suffix's first non-blank line sits at a line start (it follows a newline in the suffix, or the hole
+    starts a line), it only matches at a line start with the same indentation, so a suffix "}" is not
+    taken for the closing brace of an inner block; otherwise it is searched anywhere.
+    Returns (middle, found), ``found`` saying the suffix start (or the fence end) was seen.
     """
-    head = suffix_head(suffix)
-    cut = generated.find(head) if head else -1
-    if cut >= 0:
-        line_start = generated.rfind("\n", 0, cut) + 1
-        # Indentation before the suffix's first line belongs to the suffix, not the middle.
-        cut = line_start if not generated[line_start:cut].strip() else cut
-        middle = generated[:cut]
-        leading = suffix[: len(suffix) - len(suffix.lstrip("\n"))]
-        if leading and middle.endswith(leading):
-            middle = middle[: len(middle) - len(leading)]
-        return middle, True
+    lines = suffix.split("\n")
+    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is not None:
+        line = lines[first].rstrip()
+        leading = "\n".join(lines[:first]) + ("\n" if first else "")  # blank lines before it
+        anchored = first > 0 or starts_line
+        cut = -1
+        if anchored:
+            starts = ([0] if starts_line else []) + [
+                m + 1 for m in range(len(generated)) if generated[m] == "\n"
+            ]
+            cut = next((p for p in starts if generated.startswith(line, p)), -1)
+        else:
+            cut = generated.find(line)
+        if cut < 0 and not anchored:
+            cut = generated.find(line.strip())
+            if cut >= 0:
+                line_start = generated.rfind("\n", 0, cut) + 1
+                # Indentation before the suffix's first line belongs to the suffix, not the middle.
+                cut = line_start if not generated[line_start:cut].strip() else cut
+        if cut >= 0:
+            middle = generated[:cut]
+            if leading and middle.endswith(leading):
+                middle = middle[: len(middle) - len(leading)]
+            return middle, True
     fence = generated.find("```")
     if fence >= 0:
         return generated[:fence], True

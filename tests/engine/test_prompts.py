@@ -79,3 +79,9 @@ def test_extract_middle_stops_at_the_suffix_start():
     assert extract_middle("x = 1\n    return y\n", "    return y\n") == ("x = 1\n", True)
     assert extract_middle("int a;\n```\nmore", "torch::Tensor f();") == ("int a;\n", True)
     assert extract_middle("int a;", "torch::Tensor f();") == ("int a;", False)
+    # A closing brace of the kernel is not the closing brace of an inner block.
+    body = "    if (i < n) {\n        y[i] = x[i];\n    }\n"
+    assert extract_middle(body + "}\n// more", "}\n") == (body, True)
+    assert extract_middle(body + "}\n", "\n}\n") == (body[:-1], True)
+    # A suffix that continues the hole's line is found mid-line.
+    assert extract_middle("a[i] + b[i];\n}", " + b[i];\n}", starts_line=False) == ("a[i]", True)
