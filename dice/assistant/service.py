@@ -52,22 +52,6 @@ V = TypeVar("V")
 _PROGRESS_INTERVAL_S = 0.05
 
 
-class _Interrupted(Exception):
-    """Raised by ``on_step`` in the model thread to stop a generation; ``reason``: cancel or deadline."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-def _engine_cancelled_type() -> type[BaseException]:
-    try:
-        from engine.errors import Cancelled
-    except ImportError:  # pragma: no cover - the engine package always ships it
-        return _Interrupted
-    return Cancelled
-
-
 class _LRU(Generic[K, V]):
     """A thread-safe LRU map bounded by entry count and, optionally, by the summed ``weight`` of entries."""
 
@@ -173,22 +157,23 @@ class _Run:
                 self.loop.call_soon_threadsafe(self.progress, event)
 
     def on_step_factory(self, *, respect_deadline: bool, message: str) -> Callable[[Any], None]:
-        """The engine's ``on_step``: counts steps, reports them, and stops the generation when asked."""
-        cancelled_type = _engine_cancelled_type()
+        """The engine's ``on_step``: counts steps, reports them, and stops the generation when asked
+        (``engine.Cancelled`` carrying ``dice_reason`` "cancel" or "deadline")."""
+        from engine.errors import Cancelled
 
         def on_step(_event: Any) -> None:
             self.steps_done += 1
             done = min(self.steps_done, self.steps_total)
             self.emit("generating", done, self.steps_total, message, force=False)
             if self.cancelled:
-                raise _as_engine_cancel(cancelled_type, "cancel")
+                raise _cancelled(Cancelled, "cancel")
             if respect_deadline and self.past_deadline:
-                raise _as_engine_cancel(cancelled_type, "deadline")
+                raise _cancelled(Cancelled, "deadline")
 
         return on_step
 
 
-def _as_engine_cancel(cancelled_type: type[BaseException], reason: str) -> BaseException:
+def _cancelled(cancelled_type: type[BaseException], reason: str) -> BaseException:
     exc = cancelled_type(reason)
     exc.dice_reason = reason  # type: ignore[attr-defined]
     return exc
