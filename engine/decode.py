@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from engine.kv_cache import KVCache, PrefixCache
 from engine.runner import EagerRunner
 from engine.sampling import POLICIES, SamplingParams, sample_tokens, transfer_schedule
 
@@ -74,6 +75,58 @@ def slots_needed(prompt_lengths: Sequence[int], block_size: int, max_new_tokens:
     return (prefill + -(-(tail + max_new_tokens) // block_size)) * block_size
 
 
+def prefill(
+    runner: EagerRunner,
+    cache: KVCache,
+    prompts: Sequence[Sequence[int]],
+    full_blocks: Sequence[int],
+    offsets: Sequence[int],
+    pad_id: int,
+    prefix_cache: PrefixCache | None = None,
+) -> None:
+    """Fill slots [offsets[b], end) of every row with the K/V of its prompt's whole blocks.
+
+    Rows with the same whole-block prompt are computed once and copied; K/V found in ``prefix_cache`` are
+    copied in, and one forward over the distinct rows covers the slots that are left (from the earliest
+    such slot, so a row that reused more recomputes a few blocks: same values, one batched forward).
+    """
+    bs = cache.block_size
+    end = max(full_blocks) * bs
+    keys = [tuple(p[: n * bs]) for p, n in zip(prompts, full_blocks, strict=True)]
+    first: dict[tuple[int, ...], int] = {}
+    source = [first.setdefault(key, i) for i, key in enumerate(keys)]  # row -> row computing its prefix
+    distinct = sorted(first.values())
+    todo = {}  # distinct row -> first slot it still needs
+    for r in distinct:
+        reused = 0
+        if prefix_cache is not None and keys[r]:
+            reused, k, v = prefix_cache.lookup(keys[r], bs)
+            if reused:
+                cache.load(r, offsets[r], k, v)
+        todo[r] = offsets[r] + reused
+    begin = min(todo.values())
+    if begin < end:
+        sub, is_view = cache.rows(distinct)
+        width = end - begin
+        ids = torch.full((len(distinct), width), pad_id, dtype=torch.long)
+        for j, r in enumerate(distinct):
+            lo = max(begin, offsets[r])  # slots before offsets[r] are this row's left padding
+            ids[j, lo - begin :] = torch.tensor(keys[r][lo - offsets[r] :])
+        device = cache.k.device
+        row_offsets = torch.tensor([offsets[r] for r in distinct], device=device)[:, None]
+        pos = (begin + torch.arange(width, device=device)[None] - row_offsets).clamp(min=0)
+        runner.prefill(sub, ids.to(device), pos, begin)
+        if not is_view:
+            cache.put_rows(distinct, sub, end)
+    copies = [i for i, r in enumerate(source) if r != i]
+    if copies:
+        cache.copy_rows([source[i] for i in copies], copies, end)
+    if prefix_cache is not None:
+        for r in distinct:
+            if keys[r] and todo[r] < offsets[r] + len(keys[r]):  # something new was computed
+                prefix_cache.store(keys[r], bs, *cache.read(r, offsets[r], len(keys[r])))
+
+
 @torch.inference_mode()
 def decode(
     runner: EagerRunner,
@@ -84,8 +137,11 @@ def decode(
     generator: torch.Generator | None = None,
     on_step: Callable[[StepEvent], None] | None = None,
     until: Callable[[int, list[int]], bool] | None = None,
+    prefix_cache: PrefixCache | None = None,
 ) -> GenerationOutput:
-    """Generate for every prompt. ``until(row, ids)`` is asked after each block whether a row is done."""
+    """Generate for every prompt. ``until(row, ids)`` is asked after each block whether a row is done.
+
+    ``prefix_cache``: reuse (and remember) the K/V of prompt prefixes shared with earlier prompts."""
     s = settings
     bs = s.block_size
     b = len(prompts)
@@ -110,14 +166,7 @@ def decode(
     offsets_t = torch.tensor(offsets, device=device)[:, None]  # (B, 1)
     arange_bs = torch.arange(bs, device=device)
     if prefill_blocks:
-        width = prefill_blocks * bs
-        ids = torch.full((b, width), s.pad_id, dtype=torch.long)
-        for i, p in enumerate(prompts):
-            if full_blocks[i]:
-                ids[i, offsets[i] :] = torch.tensor(p[: full_blocks[i] * bs])
-        ids = ids.to(device)
-        pos = (torch.arange(width, device=device)[None] - offsets_t).clamp(min=0)
-        runner.prefill(cache, ids, pos)
+        prefill(runner, cache, prompts, full_blocks, offsets, s.pad_id, prefix_cache)
 
     policy = POLICIES[s.policy]
     schedule = transfer_schedule(bs, s.steps_per_block)

@@ -1,9 +1,10 @@
 """How a decode step's forward runs: eagerly, or as a replayed CUDA graph over a preallocated cache.
 
-Both runners expose ``prefill(cache, ids, pos)`` and ``step(cache, ids, pos, start, block)``, which
-returns (B, block, V) float32 logits; the decode loop does not know which one it drives. Graphs are
-captured per (cache, input length) before the prompt is prefilled, since capture warm-up writes into the
-cache slots it is pointed at.
+Both runners expose ``prefill(cache, ids, pos, start)`` (always eager) and
+``step(cache, ids, pos, start, block)``, which returns (B, block, V) float32 logits; the decode loop does
+not know which one it drives. Graphs are captured per (cache, input length) before the prompt is
+prefilled, since capture warm-up writes into the cache slots it is pointed at. Prefill (also of a prompt's
+remainder after reused prefix K/V) runs eagerly in both, so prefix reuse never meets a captured graph.
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ class EagerRunner:
     def prepare(self, cache: KVCache, lengths: tuple[int, ...], block_size: int) -> None:
         """Called once per generation before prefill (graph capture hook)."""
 
-    def prefill(self, cache: KVCache, ids: Tensor, pos: Tensor) -> None:
-        start = torch.zeros(1, dtype=torch.long, device=ids.device)
-        self.model.forward_cached(ids, pos, cache, start, logits_last=0)
+    def prefill(self, cache: KVCache, ids: Tensor, pos: Tensor, start: int = 0) -> None:
+        """Write the K/V of (B, T) prompt tokens at slots [start, start + T) (whole blocks)."""
+        start_t = torch.full((1,), start, dtype=torch.long, device=ids.device)
+        self.model.forward_cached(ids, pos, cache, start_t, logits_last=0)
 
     def step(self, cache: KVCache, ids: Tensor, pos: Tensor, start: Tensor, block_size: int) -> Tensor:
         return self.model.forward_cached(ids, pos, cache, start, logits_last=block_size).float()
