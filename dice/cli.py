@@ -31,7 +31,9 @@ class CliError(Exception):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dice",
-        description="DICE kernel assistant: fill masks in CUDA files and generate kernels, validated on your GPU.",
+        description=(
+            "DICE kernel assistant: fill masks in CUDA files and generate kernels, validated on your GPU."
+        ),
     )
     parser.add_argument("--version", action="version", version=f"dice {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

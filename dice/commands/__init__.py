@@ -1,1 +1,1 @@
-"""Sub-commands of ``dice``. Each module defines ``add_parser(subparsers)`` and sets ``func`` on its parser."""
+"""Sub-commands of ``dice``: each module defines ``add_parser(subparsers)`` and sets ``func``."""
