@@ -90,3 +90,18 @@ def test_cuda_graph_step_matches_eager_step_in_bf16(tiny_ckpt, tmp_path):
         r.prefill(cache, prompt, pos)
         logits.append(r.step(cache, block, block_pos, start, 4).clone())
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-2, atol=1e-2)
+
+
+def test_prefix_reuse_under_cuda_graphs_equals_no_reuse(tiny_ckpt, tmp_path):
+    """Reused prompt K/V are copied in before the graphs' eager prefill of the rest: same generations."""
+    folder = _wide_checkpoint(tiny_ckpt, tmp_path)
+    reuse = load_engine(folder, device="cuda", dtype=torch.float32, cuda_graphs=True)
+    plain = load_engine(folder, device="cuda", dtype=torch.float32, cuda_graphs=True, prefix_cache_entries=0)
+    tok = reuse.tokenizer
+    opening = tok.encode(" ".join(TEXTS) * 3)
+    prompts = [opening + tok.encode(t) for t in TEXTS]  # a shared opening, different endings and lengths
+    for batch in ([prompts[0]], [prompts[1]], [prompts[2]] * 3, [prompts[3], prompts[0], prompts[3]]):
+        a = reuse.generate(batch, max_new_tokens=16, stop_ids=[])
+        b = plain.generate(batch, max_new_tokens=16, stop_ids=[])
+        assert a.ids == b.ids and a.step_map == b.step_map
+    assert reuse.prefix_cache.reused_tokens >= len(opening) // 4 * 4 * 3
