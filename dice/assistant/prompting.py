@@ -3,17 +3,30 @@
 The engine renders the DICE template; this module only decides what text goes into it: the file around
 the hole (the enclosing kernel always, then as much of the rest of the file as fits the model's context),
 with the other masks left as holes, and the file's ``dice-spec`` reference as separate context.
+
+Where the hole is cut is a property of the model (``infill_holes`` in a ``dice.json`` beside its weights):
+"byte" (default) cuts at the mask comment's own bytes, the shape dice-tiny's ``.cu`` holes were trained on
+(``training.data.infill_cuts``: a statement's bytes, so the prefix ends with the line's indentation); "line"
+moves the cut of a mask alone on its line(s) to whole lines, and ``InfillRequest.mask_fill`` maps the
+generated lines back onto the comment's range.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from dice.cuda_source.positions import decode_bytes
 
 if TYPE_CHECKING:
     from dice.cuda_source import CudaDocument
+
+HoleCut = Literal["byte", "line"]
+MODEL_SETTINGS_FILE = "dice.json"
+_HOLE_CUTS = ("byte", "line")
 
 @dataclass(frozen=True)
 class Hole:
@@ -32,13 +45,75 @@ class Hole:
 
 @dataclass(frozen=True)
 class InfillRequest:
+    """What the engine is asked; ``line_aligned``: the hole was widened to whole lines (prefix ends at the
+    mask's line start, suffix starts after its last line's break) and fills go through ``mask_fill``."""
+
     prefix: str
     suffix: str
     context: str | None
     max_new_tokens: int
+    line_aligned: bool = False
 
-    def key(self) -> tuple[str, str, str | None, int]:
-        return (self.prefix, self.suffix, self.context, self.max_new_tokens)
+    def key(self) -> tuple[str, str, str | None, int, bool]:
+        return (self.prefix, self.suffix, self.context, self.max_new_tokens, self.line_aligned)
+
+    def mask_fill(self, middle: str) -> str:
+        """The text that replaces the mask comment's own range, given the engine's middle."""
+        return line_middle_to_mask_fill(middle) if self.line_aligned else middle
+
+
+# the line break (and blanks before it) that ends a line-aligned middle: the file keeps its own after the mask
+_LAST_BREAK = re.compile(r"[ \t]*\r?\n\Z")
+
+
+def line_middle_to_mask_fill(middle: str) -> str:
+    """Map a middle generated for a whole-line hole onto the mask comment's range.
+
+    The file keeps the indentation before the comment and the line break after it, so the first line's
+    leading blanks and one final line break are dropped; later lines keep the indentation generated.
+    "            acc += a;\n" -> "acc += a;"; "    x = 1;\n    y = 2;\n" -> "x = 1;\n    y = 2;".
+    """
+    text = middle.lstrip(" \t")  # stops at the first line break: only the first line's indentation
+    return _LAST_BREAK.sub("", text, count=1)
+
+
+def line_aligned_span(data: bytes, start: int, end: int) -> tuple[int, int] | None:
+    """The whole lines holding ``data[start:end]`` when nothing but blanks shares them, else None.
+
+    Returns (start of the first line, start of the line after the last one, or len(data) at the end of
+    the file). A zero-width span (a cursor) is never widened.
+    """
+    if end <= start:
+        return None
+    line_start = data.rfind(b"\n", 0, start) + 1
+    if data[line_start:start].strip(b" \t"):
+        return None
+    newline = data.find(b"\n", end)
+    line_end = len(data) if newline < 0 else newline + 1
+    if data[end:line_end].strip(b" \t\r\n"):
+        return None
+    return line_start, line_end
+
+
+def read_hole_cut(model_dir: str | Path | None) -> HoleCut:
+    """The model's hole cut from ``<model_dir>/dice.json`` (``{"infill_holes": "byte" | "line"}``);
+    "byte" when there is no folder, no file or no such key. ValueError for a file that says something else.
+    """
+    if model_dir is None:
+        return "byte"
+    path = Path(model_dir) / MODEL_SETTINGS_FILE
+    if not path.is_file():
+        return "byte"
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable JSON file ({exc})") from exc
+    if not isinstance(settings, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(settings).__name__}")
+    cut = settings.get("infill_holes", "byte")
+    if cut not in _HOLE_CUTS:
+        raise ValueError(f"{path}: infill_holes must be one of {', '.join(_HOLE_CUTS)}, got {cut!r}")
+    return cut
 
 
 def spec_context(doc: CudaDocument) -> str | None:
@@ -55,6 +130,7 @@ def build_infill_request(
     default_max_new_tokens: int,
     budget_chars: int | None,
     prefix_weight: int = 2,
+    hole_cut: HoleCut = "byte",
 ) -> InfillRequest:
     """The prompt pieces for ``hole``; ``budget_chars`` caps ``prefix_weight * len(prefix) + len(suffix)``
     in UTF-8 bytes (None: no cap). The weight is 2 because DICE's infilling format shows the prefix twice
@@ -64,24 +140,29 @@ def build_infill_request(
     it is passed as context (it would otherwise appear twice); every other byte of the file, other masks
     included, stays as written. When the file does not fit, the enclosing function is kept whole (if it
     fits) and the rest of the file is cut at line boundaries, more of it before the hole than after.
+
+    ``hole_cut`` "line": a mask alone on its line(s) becomes a whole-line hole (``line_aligned_span``);
+    the request is then ``line_aligned`` and its fills must go through ``InfillRequest.mask_fill``.
     """
     data = doc.data
     max_new = min(hole.budget, default_max_new_tokens) if hole.budget else default_max_new_tokens
     context = spec_context(doc)
 
-    fstart = hole.function_start_byte if hole.function_start_byte is not None else hole.start_byte
-    fend = hole.function_end_byte if hole.function_end_byte is not None else hole.end_byte
-    fstart, fend = min(fstart, hole.start_byte), max(fend, hole.end_byte)
+    span = line_aligned_span(data, hole.start_byte, hole.end_byte) if hole_cut == "line" else None
+    start, end = span if span is not None else (hole.start_byte, hole.end_byte)
+    fstart = hole.function_start_byte if hole.function_start_byte is not None else start
+    fend = hole.function_end_byte if hole.function_end_byte is not None else end
+    fstart, fend = min(fstart, start), max(fend, end)
     cut = (0, 0)  # the dice-spec comment's bytes, left out of prefix/suffix when it is the context
     if context is not None and doc.spec is not None:
         s, e = doc.spec.start_byte, doc.spec.end_byte
-        if e <= hole.start_byte or s >= hole.end_byte:
+        if e <= start or s >= end:
             cut = (s, e)
-    before = data[: min(cut[0], hole.start_byte)] + data[min(cut[1], hole.start_byte) : hole.start_byte]
-    after = data[hole.end_byte : max(cut[0], hole.end_byte)] + data[max(cut[1], hole.end_byte) :]
+    before = data[: min(cut[0], start)] + data[min(cut[1], start) : start]
+    after = data[end : max(cut[0], end)] + data[max(cut[1], end) :]
     # before[keep_before:] and after[:keep_after] are the enclosing function around the hole
     keep_before = fstart - _overlap((0, fstart), cut)
-    keep_after = (fend - hole.end_byte) - _overlap((hole.end_byte, fend), cut)
+    keep_after = (fend - end) - _overlap((end, fend), cut)
 
     if budget_chars is not None:
         before, after = _trim(before, after, max(0, budget_chars), keep_before, keep_after, prefix_weight)
@@ -91,6 +172,7 @@ def build_infill_request(
         suffix=decode_bytes(after),
         context=context,
         max_new_tokens=max_new,
+        line_aligned=span is not None,
     )
 
 

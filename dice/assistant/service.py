@@ -24,7 +24,7 @@ from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from dice.assistant.prompting import Hole, InfillRequest, build_infill_request
+from dice.assistant.prompting import Hole, HoleCut, InfillRequest, build_infill_request, read_hole_cut
 from dice.assistant.ranking import rank
 from dice.assistant.types import (
     PROGRAM_MAX_NEW_TOKENS,
@@ -220,6 +220,7 @@ class AssistantService:
         self._engine_lock = threading.Lock()
         self._validator_lock = threading.Lock()
         self._model_info: ModelInfo | None = None
+        self._hole_cut: HoleCut = "byte"  # the loaded model's (read_hole_cut), set with _model_info
         self._gpu: bool | None = None
         # documents can be megabytes each: the document cache is also bounded by the text it holds
         self._documents: _LRU[str, DocumentCompletion] = _LRU(cache_size, max_weight=_DOCUMENT_CACHE_BYTES,
@@ -278,6 +279,7 @@ class AssistantService:
 
                 self._engine = engine_pkg.load_engine(self.settings.model_path, device=self._resolve_device())
             if self._model_info is None:
+                self._hole_cut = read_hole_cut(getattr(self._engine, "path", None))
                 self._model_info = _describe_engine(self._engine, self.settings.model_path)
 
     def update_settings(self, settings: AssistantSettings) -> None:
@@ -594,7 +596,7 @@ class AssistantService:
 
         def build(budget: int | None) -> InfillRequest:
             return build_infill_request(doc, hole, default_max_new_tokens=s.max_new_tokens,
-                                        budget_chars=budget)
+                                        budget_chars=budget, hole_cut=self._hole_cut)
 
         limit = _context_tokens(self._engine)
         if limit is None:
@@ -669,7 +671,7 @@ class AssistantService:
                 req.prefix, req.suffix, context=req.context, n=count, max_new_tokens=req.max_new_tokens,
                 on_step=run.on_step_factory(respect_deadline=respect_deadline, message=label), **decode,
             )
-            return [_Fill.of(o) for o in outs]
+            return [_Fill.of(o, req.mask_fill(o.text)) for o in outs]
 
         try:
             fills = await self._generate(run, work)

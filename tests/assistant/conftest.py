@@ -141,3 +141,24 @@ class ScriptedEngine:
 @pytest.fixture
 def scripted_engine_factory() -> Callable[..., ScriptedEngine]:
     return ScriptedEngine
+
+
+class _SharedPool:
+    """The session's validator pool behind the ValidatorPool constructor, so each CLI run does not pay for
+    starting workers; close() is a no-op (the session fixture closes the real one)."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def shared_pool(monkeypatch: pytest.MonkeyPatch, validator_pool: Any) -> None:
+    import dice.validator
+
+    monkeypatch.setattr(dice.validator, "ValidatorPool", lambda *a, **k: _SharedPool(validator_pool))
