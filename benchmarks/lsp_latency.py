@@ -309,14 +309,17 @@ def write_results(result: dict[str, Any], out_dir: Path) -> list[Path]:
     lat = result["latency_ms"]
     m = result["machine"]
     settings = result["settings"]
+    example = ((result.get("first_suggestion") or "").strip().splitlines() or [""])[0]
     lines = [
         f"# dice-lsp inline completion latency: {result['label']}",
         "",
         f"- model: {result['model']['description']} (device {result['model']['device']})",
         f"- mask: `/* <MASK:{result['mask_budget_tokens']}> */` in a kernel body, invoked trigger, "
         f"{settings['candidates']} candidate(s), validation `{settings['validationLevel']}`",
-        f"- {result['requests']} timed requests after {result['warmup']} warm-up, each on a changed text"
-        " (no cache)",
+        f"- {result['requests']} timed requests after {result['warmup']} warm-up, same text, none served from"
+        " the cache (threshold moved by 1e-9 before each)",
+        f"- suggestion: {result.get('suggestion_chars_mean')} characters on average, first line of one:"
+        f" `{example}`",
         f"- **p50 {lat['p50']} ms, p95 {lat['p95']} ms** (mean {lat['mean']}, min {lat['min']},"
         f" max {lat['max']});"
         f" cached repeat p50 {result['cached_latency_ms']['p50']} ms; the assistant's own time p50"
