@@ -70,29 +70,47 @@ SCENARIOS = {
 }
 
 
-def measure(engine, prompt_for, args, policy: str, extra: dict) -> dict:
-    """Times ``repeats`` requests; ``prompt_for(r)`` is request r's prompt (r = -1: the warm-up)."""
-    engine.generate(prompt_for(-1), max_new_tokens=args.new_tokens, policy=policy, stop_ids=[], **extra)
-    pc = engine.prefix_cache
-    reused_before = pc.reused_tokens if pc else 0
-    times, prompt_tokens = [], []
-    for r in range(args.repeats):
-        ids = prompt_for(r)
-        prompt_tokens.append(len(ids))
-        t0 = time.perf_counter()
-        out = engine.generate(ids, max_new_tokens=args.new_tokens, policy=policy, stop_ids=[], **extra)
-        times.append(time.perf_counter() - t0)
-        assert len(out.ids[0]) == args.new_tokens
-    times.sort()
+def summary(times: list[float]) -> dict:
+    times = sorted(times)
     return {
         "p50_ms": round(1e3 * statistics.median(times), 1),
         "p90_ms": round(1e3 * times[int(0.9 * (len(times) - 1))], 1),
         "min_ms": round(1e3 * times[0], 1),
-        "denoising_forwards": out.steps,
-        "prompt_tokens_mean": round(statistics.mean(prompt_tokens)),
-        # prompt tokens whose K/V came from the prefix cache, per timed request
-        "reused_prompt_tokens_mean": round((pc.reused_tokens - reused_before) / len(times)) if pc else 0,
     }
+
+
+def thread_check(engine, prompt: list[int], remainder: int, repeats: int) -> dict:
+    """Prefill forwards (whole prompt / the edit's remainder, at its slots) and one decode step after the
+    prompt, each with 1 and 2 threads, interleaved."""
+    runner = engine.runner
+    cache = runner.new_cache(1, len(prompt) + 64, 4)
+    cache.reset([0])
+    shapes = {
+        "prefill_full": len(prompt) // 4 * 4,
+        "prefill_edit_remainder": remainder // 4 * 4,
+        "decode_step": 8,
+    }
+    times: dict[str, list[float]] = {f"{k}_{t}thr": [] for k in shapes for t in (1, 2)}
+    before = torch.get_num_threads()
+    with torch.inference_mode():
+        for _ in range(repeats):
+            for name, width in shapes.items():
+                full = shapes["prefill_full"]
+                start = full if name == "decode_step" else full - width  # the remainder ends the prompt
+                ids = torch.tensor([(prompt[:full] + [0] * width)[start : start + width]])
+                pos = start + torch.arange(width)[None]
+                for threads in (1, 2):
+                    torch.set_num_threads(threads)
+                    t0 = time.perf_counter()
+                    if name == "decode_step":  # previous block + current one, as the decode loop runs them
+                        runner.step(cache, ids, pos, torch.tensor([start]), 4)
+                    else:
+                        runner.prefill(cache, ids, pos, start)
+                    times[f"{name}_{threads}thr"].append(time.perf_counter() - t0)
+    torch.set_num_threads(before)
+    out = {k: summary(v[1:]) for k, v in times.items()}  # first round: warm-up
+    out["tokens"] = shapes
+    return out
 
 
 def main() -> None:
@@ -103,63 +121,105 @@ def main() -> None:
     parser.add_argument(
         "--scenarios",
         default="cold,edit,repeat",
-        help="comma-separated, of: " + "; ".join(f"{k}: {v}" for k, v in SCENARIOS.items()),
+        help="comma-separated, timed round-robin (each sees the same machine load), of: "
+        + "; ".join(f"{k}: {v}" for k, v in SCENARIOS.items()),
+    )
+    parser.add_argument(
+        "--thread-repeats", type=int, default=6, help="rounds of the 1 vs 2 thread check (0: skip)"
     )
     parser.add_argument("--out", type=Path, default=None, help="folder for dice_tiny_cpu_latency.json")
     args = parser.parse_args()
     scenarios = args.scenarios.split(",")
     if unknown := set(scenarios) - set(SCENARIOS):
         parser.error(f"unknown scenario(s) {sorted(unknown)}; choose from {sorted(SCENARIOS)}")
-    if args.repeats >= len(TYPED):
-        parser.error(f"--repeats must be below {len(TYPED)} (one keystroke per request)")
+    if 2 * (args.repeats + 1) >= len(TYPED):
+        parser.error(f"--repeats must be below {len(TYPED) // 2 - 1} (one keystroke per request)")
 
     from engine import load_engine
     from engine.prompts import infill_prompt
 
     hole = KERNEL_FILE.index("/* <MASK> */")
     prefix, suffix = KERNEL_FILE[:hole], KERNEL_FILE[hole + len("/* <MASK> */") :]
-    engines = {}
-    load_average = {}
+    # One engine per scenario, so one scenario's cache entries never help another's.
+    engines = {
+        sc: load_engine(args.model, device="cpu", prefix_cache_entries=0 if sc == "cold" else 4)
+        for sc in scenarios
+    }
+    tokenizer = next(iter(engines.values())).tokenizer
+    typed = {"n": 0}
 
-    def encode(engine, typed: str) -> list[int]:
-        prompt, response_prefix = infill_prompt(prefix + typed, suffix)
-        return engine.tokenizer.encode(prompt + response_prefix)
+    def encode(text: str) -> list[int]:
+        prompt, response_prefix = infill_prompt(prefix + text, suffix)
+        return tokenizer.encode(prompt + response_prefix)
 
-    results: dict[str, dict] = {}
-    for scenario in scenarios:
-        cache = 0 if scenario == "cold" else 4
-        if cache not in engines:
-            engines[cache] = load_engine(args.model, device="cpu", prefix_cache_entries=cache)
-        engine = engines[cache]
-        if scenario == "edit":
-            offset = {"n": 0}  # each policy types on from where the previous one stopped
+    base = encode("")
 
-            def prompt_for(r: int, engine=engine, offset=offset) -> list[int]:
-                offset["n"] += 1
-                return encode(engine, TYPED[: offset["n"] % len(TYPED)])
-        else:
-            fixed = encode(engine, "")
+    def prompt_for(scenario: str) -> list[int]:
+        if scenario != "edit":
+            return base
+        typed["n"] += 1  # one more keystroke since the last request
+        return encode(TYPED[: typed["n"]])
 
-            def prompt_for(r: int, fixed=fixed) -> list[int]:
-                return fixed
-
-        results[scenario] = {}
-        for policy, extra in (("static", {"steps_per_block": 4}), ("dynamic", {"threshold": 0.9})):
-            results[scenario][policy] = measure(engine, prompt_for, args, policy, extra)
-            print(scenario, policy, results[scenario][policy], flush=True)
-        load_average[scenario] = [round(x, 2) for x in os.getloadavg()]
+    results: dict[str, dict] = {sc: {} for sc in scenarios}
+    load_samples: list[float] = []
+    for policy, extra in (("static", {"steps_per_block": 4}), ("dynamic", {"threshold": 0.9})):
+        kwargs = {"max_new_tokens": args.new_tokens, "policy": policy, "stop_ids": [], **extra}
+        for sc in scenarios:  # warm-up: the first request (cold for every engine)
+            engines[sc].generate(prompt_for(sc), **kwargs)
+        times: dict[str, list[float]] = {sc: [] for sc in scenarios}
+        tokens: dict[str, list[int]] = {sc: [] for sc in scenarios}
+        reused = {
+            sc: engines[sc].prefix_cache.reused_tokens if engines[sc].prefix_cache else 0 for sc in scenarios
+        }
+        steps = {}
+        for _ in range(args.repeats):
+            for sc in scenarios:
+                ids = prompt_for(sc)
+                tokens[sc].append(len(ids))
+                t0 = time.perf_counter()
+                out = engines[sc].generate(ids, **kwargs)
+                times[sc].append(time.perf_counter() - t0)
+                assert len(out.ids[0]) == args.new_tokens
+                steps[sc] = out.steps
+            load_samples.append(os.getloadavg()[0])
+        for sc in scenarios:
+            pc = engines[sc].prefix_cache
+            results[sc][policy] = {
+                **summary(times[sc]),
+                "denoising_forwards": steps[sc],
+                "prompt_tokens_mean": round(statistics.mean(tokens[sc])),
+                # prompt tokens whose K/V came from the prefix cache, per timed request
+                "reused_prompt_tokens_mean": round((pc.reused_tokens - reused[sc]) / args.repeats)
+                if pc
+                else 0,
+            }
+            print(sc, policy, results[sc][policy], flush=True)
     engine = next(iter(engines.values()))
+    threads = None
+    if args.thread_repeats:
+        remainder = results.get("edit", {}).get("static", {})
+        remainder = (
+            remainder["prompt_tokens_mean"] - remainder["reused_prompt_tokens_mean"] if remainder else 448
+        )
+        threads = thread_check(engine, base, remainder, args.thread_repeats + 1)
+        load_samples.append(os.getloadavg()[0])
+        print("threads", threads, flush=True)
     report = {
         "model": str(engine.path),
         "parameters": engine.num_parameters,
-        "prompt_tokens": len(encode(engine, "")),
+        "prompt_tokens": len(base),
         "new_tokens": args.new_tokens,
         "repeats": args.repeats,
         "scenarios": {k: SCENARIOS[k] for k in scenarios},
         "results": results,
         "torch_threads_prefill_and_decode": 1,
+        "thread_check": threads,
         "cpu_count": os.cpu_count(),
-        "load_average_after_each_scenario": load_average,
+        "load_average_1min": {
+            "min": round(min(load_samples), 2),
+            "median": round(statistics.median(load_samples), 2),
+            "max": round(max(load_samples), 2),
+        },
         "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
