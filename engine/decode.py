@@ -1,8 +1,9 @@
 """The block-diffusion decode loop (one loop; policies, sampling and the forward runner are plugged in).
 
 Prompt handling follows SDAR: a prompt's whole blocks are prefilled into the cache; its tail (length % block)
-starts the first decode block, followed by mask slots. Rows of a batch are left-padded by whole blocks so
-that their current blocks share cache slots, and decode in lockstep; each row keeps its own positions, step
+starts the first decode block, followed by mask slots. Whole blocks found in a ``PrefixCache`` are copied
+in instead of recomputed (see ``prefill``). Rows of a batch are left-padded by whole blocks so that their
+current blocks share cache slots, and decode in lockstep; each row keeps its own positions, step
 counter and stop state, so a batch gives what its rows give one by one. Each denoising step samples every
 masked slot and the policy commits some; committed tokens are never re-masked. The forward that starts a
 block also carries the previous, now complete block, which writes its clean K/V (SDAR runs that as a
@@ -88,7 +89,8 @@ def prefill(
 
     Rows with the same whole-block prompt are computed once and copied; K/V found in ``prefix_cache`` are
     copied in, and one forward over the distinct rows covers the slots that are left (from the earliest
-    such slot, so a row that reused more recomputes a few blocks: same values, one batched forward).
+    such slot, so a row that reused more recomputes a few blocks in the same batched forward). Chunked this
+    way the K/V equal a one-forward prefill's up to float rounding (GEMMs of other shapes).
     """
     bs = cache.block_size
     end = max(full_blocks) * bs

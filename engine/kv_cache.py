@@ -8,8 +8,9 @@ next forward after the block is complete overwrites them with the clean K/V. Slo
 hold stale values and are invisible, so nothing is ever cleared.
 
 ``PrefixCache`` keeps the prefilled K/V of recent prompts (LRU, bounded by entries and tokens) so that a
-prompt sharing a block-aligned prefix with one of them prefills only the rest. This is exact because a
-committed block's K/V depend only on its own and earlier blocks (block-causal attention, absolute positions).
+prompt sharing a block-aligned prefix with one of them prefills only the rest. That is exact (up to the
+float rounding of GEMMs of other shapes) because a committed block's K/V depend only on its own and earlier
+blocks (block-causal attention, absolute positions).
 """
 
 from __future__ import annotations
