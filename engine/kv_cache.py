@@ -15,6 +15,7 @@ blocks (block-causal attention, absolute positions).
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -137,7 +138,8 @@ class PrefixCache:
     ``lookup`` returns the longest block-aligned prefix a new prompt shares with any entry (any prefix of an
     entry is usable on its own). Memory is bounded by ``max_entries`` and ``max_tokens`` (summed over
     entries; a longer prompt is kept up to ``max_tokens``). The K/V belong to the model's current weights:
-    call ``clear`` after changing them.
+    call ``clear`` after changing them. Safe to share between threads (each operation holds a lock;
+    looked-up K/V stay valid after their entry is evicted).
     """
 
     def __init__(self, *, max_entries: int = 4, max_tokens: int = 8192) -> None:
@@ -149,16 +151,19 @@ class PrefixCache:
         self.hits = 0  # lookups that reused at least one block
         self.misses = 0
         self.reused_tokens = 0
+        self._lock = threading.RLock()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     @property
     def tokens(self) -> int:
-        return sum(len(key[1]) for key in self._entries)
+        with self._lock:
+            return sum(len(key[1]) for key in self._entries)
 
     def clear(self) -> None:
-        self._entries.clear()
+        with self._lock:
+            self._entries.clear()
 
     @staticmethod
     def _common(a: Sequence[int], b: Sequence[int]) -> int:
@@ -170,37 +175,42 @@ class PrefixCache:
 
     def lookup(self, tokens: Sequence[int], block_size: int) -> tuple[int, Tensor | None, Tensor | None]:
         """(n, K, V): the first n tokens (whole blocks) of ``tokens`` are cached, K/V each (L, G, n, D)."""
-        best, best_key = 0, None
-        for key in self._entries:
-            if key[0] == block_size:
-                n = self._common(key[1], tokens) // block_size * block_size
-                if n > best:
-                    best, best_key = n, key
-        if best_key is None:
-            self.misses += 1
-            return 0, None, None
-        self._entries.move_to_end(best_key)
-        self.hits += 1
-        self.reused_tokens += best
-        k, v = self._entries[best_key]
-        return best, k[:, :, :best], v[:, :, :best]
+        with self._lock:
+            best, best_key = 0, None
+            for key in self._entries:
+                if key[0] == block_size:
+                    n = self._common(key[1], tokens) // block_size * block_size
+                    if n > best:
+                        best, best_key = n, key
+            if best_key is None:
+                self.misses += 1
+                return 0, None, None
+            self._entries.move_to_end(best_key)
+            self.hits += 1
+            self.reused_tokens += best
+            k, v = self._entries[best_key]
+            return best, k[:, :, :best], v[:, :, :best]
 
     def store(self, tokens: Sequence[int], block_size: int, k: Tensor, v: Tensor) -> None:
         """Keep the K/V (L, G, len(tokens), D) of ``tokens`` (a whole number of blocks)."""
-        n = min(len(tokens), self.max_tokens) // block_size * block_size
-        if n == 0:
-            return
-        if len(tokens) % block_size or k.shape[2] != len(tokens) or v.shape != k.shape:
-            raise ValueError(f"expected K/V of {len(tokens)} tokens in whole blocks, got {tuple(k.shape)}")
-        key = (block_size, tuple(tokens[:n]))
-        for old in list(self._entries):
-            if old[0] != block_size:
-                continue
-            if old[1] == key[1][: len(old[1])]:  # an older entry this one extends: superseded
-                del self._entries[old]
-            elif key[1] == old[1][:n]:  # already held by a longer entry
-                self._entries.move_to_end(old)
+        with self._lock:
+            n = min(len(tokens), self.max_tokens) // block_size * block_size
+            if n == 0:
                 return
-        self._entries[key] = (k[:, :, :n].contiguous(), v[:, :, :n].contiguous())  # no view of a longer K/V
-        while len(self._entries) > self.max_entries or self.tokens > self.max_tokens:
-            self._entries.popitem(last=False)
+            if len(tokens) % block_size or k.shape[2] != len(tokens) or v.shape != k.shape:
+                raise ValueError(
+                    f"expected K/V of {len(tokens)} tokens in whole blocks, got {tuple(k.shape)}"
+                )
+            key = (block_size, tuple(tokens[:n]))
+            for old in list(self._entries):
+                if old[0] != block_size:
+                    continue
+                if old[1] == key[1][: len(old[1])]:  # an older entry this one extends: superseded
+                    del self._entries[old]
+                elif key[1] == old[1][:n]:  # already held by a longer entry
+                    self._entries.move_to_end(old)
+                    return
+            # contiguous(): a truncated entry must not keep the longer K/V alive through a view
+            self._entries[key] = (k[:, :, :n].contiguous(), v[:, :, :n].contiguous())
+            while len(self._entries) > self.max_entries or self.tokens > self.max_tokens:
+                self._entries.popitem(last=False)
