@@ -88,6 +88,13 @@ class SFTConfig:
     resume: str | None = field(
         default=None, metadata={"help": "resume from a checkpoint folder, or 'latest' in --out"}
     )
+    save_state: bool = field(
+        default=True,
+        metadata={
+            "help": "write a resumable checkpoint (weights, optimizer, RNG) at the end; "
+            "--no-save-state writes the export (out/final) only"
+        },
+    )
     save_dtype: str = field(default="bfloat16", metadata={"help": "dtype of the exported model weights"})
     max_shard_mb: int = field(
         default=0, metadata={"help": "shard exported weights above this size (0 = one file)"}

@@ -18,4 +18,7 @@ while [[ $# -gt 0 && $1 != "--" ]]; do
 done
 [[ $# -gt 0 ]] && shift
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-exec accelerate launch --config_file "$config" "${launch_args[@]}" -m dice train sft "$@"
+# The accelerate console script is not on PATH in every environment (a venv's python3 alone): use the module.
+launcher=(accelerate launch)
+command -v accelerate >/dev/null || launcher=("${PYTHON:-python3}" -m accelerate.commands.launch)
+exec "${launcher[@]}" --config_file "$config" "${launch_args[@]}" -m dice train sft "$@"

@@ -256,8 +256,13 @@ def _latest_checkpoint(out: Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
-def build_model(cfg: SFTConfig):
-    """The model to train (float32 master weights) and the tokenizer folder to ship with it."""
+def build_model(cfg: SFTConfig, device: torch.device | str = "cpu"):
+    """The model to train (float32 master weights) and the tokenizer folder to ship with it.
+
+    A random init is built on the meta device and initialised once on ``device`` (the default
+    nn.Linear init of a 2 B model takes about a minute on a CPU and would be overwritten anyway); the
+    same seed gives the same weights on every process of one device type.
+    """
     from engine.checkpoint import load_model
     from engine.model import DiceModel, ModelConfig
 
@@ -270,7 +275,11 @@ def build_model(cfg: SFTConfig):
             p.data = p.data.clone()
         return model.train(), Path(cfg.tokenizer or cfg.model)
     config = ModelConfig.from_json(cfg.init_config)
-    model = DiceModel(config)
+    with torch.device("meta"):
+        model = DiceModel(config)
+    model.to_empty(device=device)
+    if config.tie_word_embeddings:
+        model.tie_weights()  # to_empty gives the shared parameter one storage; tie it explicitly anyway
     model.init_weights(std=0.02, seed=cfg.seed)
     return model.train(), Path(cfg.tokenizer)
 
@@ -298,7 +307,7 @@ def main(cfg: SFTConfig) -> dict:
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
 
-    model, tokenizer_dir = build_model(cfg)
+    model, tokenizer_dir = build_model(cfg, accelerator.device)
     block_size = model.config.block_size
     mask_id = model.config.mask_token_id
     tokenizer = load_tokenizer(tokenizer_dir, mask_id=mask_id)
@@ -473,6 +482,8 @@ def main(cfg: SFTConfig) -> dict:
                         grad_norm = None
                         if accelerator.sync_gradients and cfg.grad_clip > 0:
                             grad_norm = accelerator.clip_grad_norm_(objective.parameters(), cfg.grad_clip)
+                            if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor of partial norms
+                                grad_norm = grad_norm.full_tensor()
                         optimizer.step()
                         optimizer.zero_grad(set_to_none=True)
                     step_loss += loss_sum.detach() / global_answer
@@ -518,14 +529,19 @@ def main(cfg: SFTConfig) -> dict:
         final_rows = cfg.final_eval_rows or cfg.eval_rows
         # Kept beside a periodic evaluation of the same step: the row counts differ (column "rows").
         eval_history.append({"step": step, **evaluate(final_rows)})
-    ckpt = save_checkpoint()
+    if accelerator.is_main_process:
+        write_curves(out, history, eval_history)  # before the (long) saves: a failed save keeps the curves
+    ckpt = save_checkpoint() if cfg.save_state else None
     final = out / "final"
     state_dict = accelerator.get_state_dict(objective)
     if accelerator.is_main_process:
         from engine.model import DiceModel
 
-        export = DiceModel(model.config)
-        export.load_state_dict({k.removeprefix("model."): v for k, v in state_dict.items()}, strict=True)
+        with torch.device("meta"):  # no default init: every tensor comes from the state dict
+            export = DiceModel(model.config)
+        export.load_state_dict(
+            {k.removeprefix("model."): v for k, v in state_dict.items()}, strict=True, assign=True
+        )
         if model.config.tie_word_embeddings:
             export.tie_weights()
         save_model(
@@ -536,7 +552,6 @@ def main(cfg: SFTConfig) -> dict:
             max_shard_bytes=cfg.max_shard_mb * 2**20 if cfg.max_shard_mb else None,
         )
         (final / "sft_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
-        write_curves(out, history, eval_history)
         if (out / "loss_curve.png").is_file():
             shutil.copyfile(out / "loss_curve.png", final / "loss_curve.png")
     accelerator.wait_for_everyone()
@@ -544,7 +559,7 @@ def main(cfg: SFTConfig) -> dict:
         "steps": step,
         "final_loss": history[-1]["loss"] if history else None,
         "eval": eval_history[-1] if eval_history else None,
-        "checkpoint": str(ckpt),
+        "checkpoint": str(ckpt) if ckpt is not None else None,
         "final": str(final),
         "elapsed_s": round(time.perf_counter() - started, 2),
         "tokens": tokens_seen,

@@ -154,6 +154,31 @@ def test_export_loads_in_the_engine_bit_exactly(tiny: Path, examples: Path, tmp_
     assert json.loads((Path(summary["final"]) / "sft_config.json").read_text())["max_steps"] == 4
 
 
+def test_random_init_without_resumable_state_exports_only(tiny: Path, examples: Path, tmp_path: Path) -> None:
+    """--init-config builds the same weights for the same seed; --no-save-state writes no checkpoints/."""
+    from engine.checkpoint import load_model
+
+    summaries = []
+    for name in ("a", "b"):
+        summaries.append(
+            run(
+                tiny,
+                examples,
+                tmp_path / name,
+                model=None,
+                init_config=str(tiny / "config.json"),
+                tokenizer=str(tiny),
+                max_steps=2,
+                save_state=False,
+            )
+        )
+    assert summaries[0]["checkpoint"] is None
+    assert not (tmp_path / "a" / "checkpoints").exists()
+    a, b = (load_model(s["final"], dtype=None).state_dict() for s in summaries)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert len(curve(tmp_path / "a")) == 2
+
+
 def test_resume_continues_identically(tiny: Path, examples: Path, tmp_path: Path) -> None:
     straight = run(tiny, examples, tmp_path / "a", max_steps=6)
     run(tiny, examples, tmp_path / "b", max_steps=6, save_every=3)
