@@ -75,6 +75,8 @@ CONFIGS = {
     },
 }
 PROMPT_LEN = 512
+# Every timed call repeats the same prompts: prompt-prefix reuse would skip their prefill after the first.
+NO_REUSE = {"prefix_cache_entries": 0}
 DEV = "cuda"  # --smoke-cpu switches everything to the CPU (tiny shapes) to check the script itself
 EOS, PAD, MASK, IM_START, IM_END = 151643, 151643, 151669, 151644, 151645
 
@@ -412,7 +414,7 @@ class Report:
 def run_batches(rep: Report, tok: Tokenizer, layers: dict, batches: tuple[int, ...], new: int) -> None:
     """(d): batched decoding throughput at the 4B shape."""
     model = random_model(ModelConfig.from_dict(CONFIGS["4B"] | layers))
-    eng = Engine(model, tok, name="4B", cuda_graphs=DEV == "cuda", fuse_projections=True)
+    eng = Engine(model, tok, name="4B", cuda_graphs=DEV == "cuda", fuse_projections=True, **NO_REUSE)
     for b in batches:
         prompts = random_prompts(b, PROMPT_LEN, 3)
         for k, steps in ((1, 4), (2, 2)):
@@ -437,8 +439,8 @@ def run_single(
     """(a) and (b) for one shape at batch 1; returns the model (the HF baseline reuses the 8B weights)."""
     model = random_model(ModelConfig.from_dict(CONFIGS[name] | layers))
     wbytes = param_bytes(model)
-    eng = Engine(model, tok, name=name, cuda_graphs=DEV == "cuda", fuse_projections=True)
-    eager = Engine(model, tok, name=name, cuda_graphs=False)
+    eng = Engine(model, tok, name=name, cuda_graphs=DEV == "cuda", fuse_projections=True, **NO_REUSE)
+    eager = Engine(model, tok, name=name, cuda_graphs=False, **NO_REUSE)
     r = {
         "weight_gb": wbytes / 1e9,
         "roofline_ms": wbytes / bw * 1e3,
@@ -448,7 +450,7 @@ def run_single(
     }
     if compile and DEV == "cuda":
         t = time.perf_counter()
-        compiled = Engine(model, tok, name=name, cuda_graphs=True, compile=True)
+        compiled = Engine(model, tok, name=name, cuda_graphs=True, compile=True, **NO_REUSE)
         r["compiled_graph_ms"] = step_ms(compiled, compiled.runner, 4, 4, repeats + 2)
         r["compile_s"] = time.perf_counter() - t
         del compiled
