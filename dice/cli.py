@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from dice import __version__
 
@@ -26,6 +27,22 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = 2) -> None:
         super().__init__(message)
         self.code = code
+
+
+def read_text_file(path: Path) -> str:
+    """A source file's text exactly as stored (no newline translation); CliError when it cannot be read."""
+    if not path.exists():
+        raise CliError(f"{path}: no such file")
+    if path.is_dir():
+        raise CliError(f"{path}: is a folder, not a file")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CliError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{path}: not UTF-8 text (byte {exc.start} is invalid)") from exc
 
 
 def build_parser() -> argparse.ArgumentParser:

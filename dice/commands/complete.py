@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dice.cli import CliError
+from dice.cli import CliError, read_text_file
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -35,21 +35,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--force", action="store_true", help="with --write: write even if nothing compiled")
     parser.set_defaults(func=run)
 
-
-def read_source(path: Path) -> str:
-    """The file's text, bytes preserved (no newline translation); CliError when it cannot be read."""
-    if not path.exists():
-        raise CliError(f"{path}: no such file")
-    if path.is_dir():
-        raise CliError(f"{path}: is a folder, not a file")
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise CliError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CliError(f"{path}: not UTF-8 text (byte {exc.start} is invalid)") from exc
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -95,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
     console = stderr_console(args.quiet)
     path: Path = args.file
-    text = read_source(path)
+    text = read_text_file(path)
     doc = parse_document(text)
     if not doc.masks:
         if args.json:
@@ -173,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
                    else "no candidate combination compiled")
             raise CliError(f"not writing {path}: {why}; pass --force to write the best-ranked fills anyway",
                            code=1)
-        if read_source(path) != text:
+        if read_text_file(path) != text:
             raise CliError(f"{path} changed on disk while DICE was working; not writing (run it again)",
                            code=1)
         write_atomically(path, result.best_text)

@@ -67,11 +67,11 @@ def run(args: argparse.Namespace) -> int:
         stderr_console,
         verdict_label,
     )
-    from dice.commands.complete import read_source
+    from dice.cli import read_text_file
 
     console = stderr_console(args.quiet)
     ref: Path = args.ref
-    source = read_source(ref)
+    source = read_text_file(ref)
     check_reference(ref, source)
     out: Path = args.out or ref.with_name(f"{ref.stem}_dice.py")
     if out.resolve() == ref.resolve():

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from dice.cli import CliError
+from dice.cli import read_text_file
 from dice.cuda_source import CudaDocument, parse_document
 
 
@@ -26,24 +26,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def read_text(path: Path) -> str:
-    """The file's text exactly as stored (no newline translation); CliError when it cannot be read."""
-    if not path.exists():
-        raise CliError(f"{path}: no such file")
-    if path.is_dir():
-        raise CliError(f"{path}: is a folder, not a file")
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise CliError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CliError(f"{path}: not UTF-8 text (byte {exc.start} is invalid)") from exc
-
 
 def run(args: argparse.Namespace) -> int:
-    doc = parse_document(read_text(args.file))
+    doc = parse_document(read_text_file(args.file))
     if args.json:
         json.dump([mask.to_json() for mask in doc.masks], sys.stdout, indent=2, ensure_ascii=False)
         sys.stdout.write("\n")

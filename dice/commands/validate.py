@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dice.cli import CliError
+from dice.cli import CliError, read_text_file
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -56,18 +56,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def read_text(path: Path) -> str:
-    if not path.exists():
-        raise CliError(f"{path}: no such file")
-    if path.is_dir():
-        raise CliError(f"{path}: is a folder, not a file")
-    try:
-        return path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CliError(f"{path}: not UTF-8 text (byte {exc.start} is invalid)") from exc
-    except OSError as exc:
-        raise CliError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
-
 
 def _wait(future: Any, label: str, *, quiet: bool) -> Any:
     """The future's verdict, with a spinner on stderr while it runs (not for --json or off a terminal)."""
@@ -86,12 +74,12 @@ def run(args: argparse.Namespace) -> int:
     if len(files) == 1:
         if files[0].suffix.lower() not in (".cu", ".cuh"):
             raise CliError(f"{files[0]}: expected a .cu/.cuh file, or two files REF.py CANDIDATE.py")
-        text = read_text(files[0])
+        text = read_text_file(files[0])
         with ValidatorPool(1, timeout_s=args.timeout, build_timeout_s=args.build_timeout) as pool:
             future = pool.submit_cu(text, run=not args.compile_only, filename=str(files[0]))
             verdict = _wait(future, f"validating {files[0].name}", quiet=args.json)
     elif len(files) == 2:
-        ref_src, cand_src = read_text(files[0]), read_text(files[1])
+        ref_src, cand_src = read_text_file(files[0]), read_text_file(files[1])
         with ValidatorPool(1, timeout_s=args.timeout, build_timeout_s=args.build_timeout) as pool:
             try:
                 future = pool.submit_kernelbench(
