@@ -154,7 +154,8 @@ async def fill_masks(
     title = "DICE: filling a mask" if single else f"DICE: filling {len(masks)} mask(s)"
     async with work_done_progress(session, title, token) as progress, session.busy("busy", title):
         completion = await service.complete_document(
-            snap.text, mask_indices=[m.index for m in masks], progress=progress, cancel=progress.cancel
+            snap.text, mask_indices=[m.index for m in masks], progress=progress, cancel=progress.cancel,
+            filename=snap.path.name if snap.path else None,
         )
     if progress.cancel.is_set():
         return {"ok": False, "applied": False, "message": "cancelled"}
@@ -326,7 +327,7 @@ async def validate_kernel(
     name = snap.path.name if snap.path else target.uri
     title = f"DICE: validating {name}"
     async with work_done_progress(session, title, token) as progress, session.busy("validating", title):
-        verdict = await service.validate_document(snap.text)
+        verdict = await service.validate_document(snap.text, filename=snap.path.name if snap.path else None)
     if progress.cancel.is_set():
         return {"ok": False, "message": "cancelled"}
     session.record_validation(snap, verdict)

@@ -52,14 +52,16 @@ async def inline_completion(
             return []
 
         n = session.settings.decoding.candidates
+        filename = snap.path.name if snap.path else None  # compiler logs name the user's file
         async with session.busy("busy", "suggesting"):
             if plan.mask_index is not None:
                 result = await service.complete_document(
-                    plan.text, mask_indices=[plan.mask_index], candidates=n, cancel=ticket.cancel
+                    plan.text, mask_indices=[plan.mask_index], candidates=n, cancel=ticket.cancel,
+                    filename=filename,
                 )
             else:
                 result = await service.complete_at(
-                    plan.text, plan.byte_offset, candidates=n, cancel=ticket.cancel
+                    plan.text, plan.byte_offset, candidates=n, cancel=ticket.cancel, filename=filename
                 )
 
         if ticket.cancel.is_set():

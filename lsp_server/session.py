@@ -437,7 +437,9 @@ class DiceSession:
             with contextlib.suppress(Exception):
                 invalidate()
         async with self.busy("validating", f"re-validating {Path(to_fs_path(uri) or uri).name}"):
-            verdict = await service.validate_document(snap.text)
+            verdict = await service.validate_document(
+                snap.text, filename=snap.path.name if snap.path else None
+            )
         self.record_validation(snap, verdict)
 
 

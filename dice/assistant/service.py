@@ -326,9 +326,11 @@ class AssistantService:
         candidates: int | None = None,
         progress: ProgressCallback | None = None,
         cancel: asyncio.Event | None = None,
+        filename: str | None = None,
     ) -> DocumentCompletion:
         """Fill the masks of ``text`` (all, or those in ``mask_indices``), jointly, ranked and validated.
 
+        ``filename`` names the file in compiler logs (its base name; None: the validator's "kernel.cu").
         Raises ``asyncio.CancelledError`` when ``cancel`` is set (checked at every denoising step and between
         validations). With no masks, returns an empty completion whose ``best_text`` is ``text``.
         """
@@ -336,7 +338,7 @@ class AssistantService:
         wanted = None if mask_indices is None else set(mask_indices)
         holes = [_hole_of(m) for m in doc.masks if wanted is None or m.index in wanted]
         masks = {m.index: m for m in doc.masks}
-        return await self._complete(text, doc, holes, masks, candidates, progress, cancel)
+        return await self._complete(text, doc, holes, masks, candidates, progress, cancel, filename)
 
     async def complete_at(
         self,
@@ -346,14 +348,16 @@ class AssistantService:
         candidates: int | None = None,
         progress: ProgressCallback | None = None,
         cancel: asyncio.Event | None = None,
+        filename: str | None = None,
     ) -> DocumentCompletion:
         """Fill the mask under ``byte_offset``; inside a function body without a mask, the cursor is an
-        implicit zero-width mask (``mask.index == -1``). Elsewhere, an empty completion."""
+        implicit zero-width mask (``mask.index == -1``). Elsewhere, an empty completion. ``filename`` as
+        in ``complete_document``."""
         doc = parse_document(text)
         for mask in doc.masks:
             if mask.start_byte <= byte_offset <= mask.end_byte:
                 return await self._complete(text, doc, [_hole_of(mask)], {mask.index: mask}, candidates,
-                                            progress, cancel)
+                                            progress, cancel, filename)
         func = function_at(doc, byte_offset)
         if func is None or not (func.body_start_byte < byte_offset < func.body_end_byte):
             return DocumentCompletion(masks=[], best_text=text, edits=[], from_cache=False,
@@ -371,7 +375,8 @@ class AssistantService:
             function_start_byte=func.start_byte,
             function_end_byte=func.end_byte,
         )
-        return await self._complete(text, doc, [_hole_of(mask)], {-1: mask}, candidates, progress, cancel)
+        return await self._complete(text, doc, [_hole_of(mask)], {-1: mask}, candidates, progress, cancel,
+                                    filename)
 
     async def generate_kernel(
         self,
@@ -448,11 +453,14 @@ class AssistantService:
                              f"than the model's context window ({limit} tokens)")
         return min(requested, room)
 
-    async def validate_document(self, text: str) -> Verdict:
-        """Compile the file's device code; run and time it against its dice-spec when there is a GPU."""
+    async def validate_document(self, text: str, *, filename: str | None = None) -> Verdict:
+        """Compile the file's device code; run and time it against its dice-spec when there is a GPU.
+
+        ``filename`` names the file in the compiler log (its base name; None: the validator's "kernel.cu").
+        """
         run_it = self.settings.validation_level != "compile"
         pool = await asyncio.to_thread(self._pool)
-        future = pool.submit_cu(text, run=run_it)
+        future = pool.submit_cu(text, run=run_it, **_name_kwargs(filename))
         self.stats["validations"] += 1
         return await asyncio.wrap_future(future)
 
@@ -482,6 +490,7 @@ class AssistantService:
         candidates: int | None,
         progress: ProgressCallback | None,
         cancel: asyncio.Event | None,
+        filename: str | None = None,
     ) -> DocumentCompletion:
         s = self.settings
         n = candidates or s.candidates
@@ -493,8 +502,9 @@ class AssistantService:
         t0 = time.perf_counter()
         await self.load(progress)
         loop = asyncio.get_running_loop()
+        # the file name is in the key: cached verdicts carry compiler logs that name the file
         key = _sha("document", text, [(h.index, h.start_byte, h.end_byte) for h in holes], n,
-                   s.decode_key(), s.validation_level, self._model_key())
+                   s.decode_key(), s.validation_level, self._model_key(), _display_name(filename))
         cached = self._documents.get(key)
         if cached is not None:
             self.stats["document_cache_hits"] += 1
@@ -551,7 +561,7 @@ class AssistantService:
                 elif j > i and fills[j]:
                     others[h.index] = fills[j][0].text
             texts = [_splice(doc, holes, {**others, hole.index: f.text})[0] for f in fills[i]]
-            verdicts = await self._validate_texts(run, texts, checks_done, total_checks)
+            verdicts = await self._validate_texts(run, texts, checks_done, total_checks, filename)
             checks_done += len(texts)
             keep = [k for k in range(len(texts)) if s.validation_level == "none" or verdicts[k] is not None]
             if len(keep) < len(texts):
@@ -683,14 +693,16 @@ class AssistantService:
         return list(fills)
 
     async def _validate_texts(
-        self, run: _Run, texts: list[str], done_before: int, total: int
+        self, run: _Run, texts: list[str], done_before: int, total: int, filename: str | None = None
     ) -> list[Verdict | None]:
         """Verdicts of whole-file texts, in parallel on the pool; None for those the deadline cut off
         (text 0, the greedy fill, is always awaited)."""
         level = self.settings.validation_level
         if level == "none":
             return [None] * len(texts)
-        keys = [_sha("verdict", t, level) for t in texts]
+        # the same text under another name gets its own verdict: the log names the file
+        name = _display_name(filename)
+        keys = [_sha("verdict", t, level, name) for t in texts]
         verdicts: list[Verdict | None] = [self._verdicts.get(k) for k in keys]
         missing = [i for i, v in enumerate(verdicts) if v is None]
         if not missing:
@@ -698,7 +710,7 @@ class AssistantService:
         pool = await asyncio.to_thread(self._pool)
         futures: list[concurrent.futures.Future[Verdict] | None] = [None] * len(texts)
         for i in missing:
-            futures[i] = pool.submit_cu(texts[i], run=(level == "run"))
+            futures[i] = pool.submit_cu(texts[i], run=(level == "run"), **_name_kwargs(filename))
         fresh = await self._await_verdicts(
             run, futures, verdicts, required={0}, label="validating candidates", done_before=done_before,
             total=total,
@@ -761,6 +773,20 @@ class AssistantService:
 
 # ---------------------------------------------------------------- helpers
 _DOCUMENT_CACHE_BYTES = 64 * 1024 * 1024
+
+
+def _display_name(filename: str | None) -> str | None:
+    """The name compiler logs give the file: its base name, as ``ValidatorPool.submit_cu`` uses it; None
+    (or an empty name) leaves the validator's default."""
+    if not filename:
+        return None
+    return Path(filename).name or None
+
+
+def _name_kwargs(filename: str | None) -> dict[str, str]:
+    # no keyword without a name: the pool's default ("kernel.cu") stays defined in one place
+    name = _display_name(filename)
+    return {} if name is None else {"filename": name}
 
 
 def _completion_size(c: DocumentCompletion) -> int:

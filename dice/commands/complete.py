@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
                       f"{'s' if settings.candidates != 1 else ''} each.")
         with ProgressDisplay(console, enabled=not args.quiet) as display:
             try:
-                result = asyncio.run(service.complete_document(text, progress=display))
+                result = asyncio.run(service.complete_document(text, progress=display, filename=path.name))
             except ValueError as exc:  # e.g. a dice-spec reference too long for the model's context
                 raise CliError(f"{path}: {exc}") from exc
 

@@ -101,6 +101,23 @@ def test_write_refuses_when_nothing_compiled(monkeypatch, shared_pool, cu_file, 
     assert BAD_SCALE in cu_file.read_text() and "<MASK" not in cu_file.read_text()
 
 
+def test_compile_errors_name_the_users_file(monkeypatch, shared_pool, tmp_path, capsys) -> None:
+    path = tmp_path / "tiled_matmul.cu"
+    path.write_bytes(TWO_MASKS.encode())
+    _scripted(monkeypatch, lambda p, s, n, t: [(BAD_SCALE if "square" in s else GOOD_SQUARE, 0.9)] * n)
+    code = main(["complete", str(path), "--candidates", "1", "--validation", "compile"])
+    _, err = capsys.readouterr()
+    assert code == 0
+    assert "tiled_matmul.cu(6): error" in err  # the first error, on the user's file and line
+    assert "kernel.cu" not in err
+
+    code = main(["complete", str(path), "--candidates", "1", "--validation", "compile", "--json", "--quiet"])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    log = json.loads(out)["best_verdict"]["log"]
+    assert "tiled_matmul.cu(6): error" in log and "kernel.cu" not in log
+
+
 def test_write_applies_the_best_compiling_fills(monkeypatch, shared_pool, cu_file, capsys) -> None:
     def fills(prefix: str, suffix: str, n: int, t: float) -> list[tuple[str, float]]:
         if "square" in suffix:

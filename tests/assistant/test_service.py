@@ -98,6 +98,28 @@ async def test_same_request_twice_is_served_from_cache(
     assert not third.from_cache and len(engine.requests) > calls
 
 
+async def test_compiler_logs_name_the_users_file(scripted_engine_factory, validator_pool) -> None:
+    engine = scripted_engine_factory(lambda p, s, n, t: [(BAD_SCALE if "square" in s else GOOD_SQUARE, 0.5)])
+    service = AssistantService(AssistantSettings(candidates=1, validation_level="compile"), engine=engine,
+                               validator=validator_pool)
+    default = await service.complete_document(TWO_MASKS)
+    named = await service.complete_document(TWO_MASKS, filename="/some/dir/tiled_matmul.cu")
+    # the same text under another name is not served the other name's cached log
+    assert not named.from_cache
+    assert default.best_verdict is not None and named.best_verdict is not None
+    assert default.best_verdict.status == named.best_verdict.status == "compile_error"
+    assert "kernel.cu(6): error" in default.best_verdict.log
+    assert "tiled_matmul.cu(6): error" in named.best_verdict.log and "kernel.cu" not in named.best_verdict.log
+    assert "/some/dir" not in named.best_verdict.log  # the base name only
+    again = await service.complete_document(TWO_MASKS, filename="tiled_matmul.cu")
+    assert again.from_cache and again.best_verdict is not None
+    assert "tiled_matmul.cu(6)" in again.best_verdict.log
+
+    verdict = await service.validate_document(named.best_text, filename="tiled_matmul.cu")
+    assert verdict.status == "compile_error" and verdict.diagnostics[0]["line"] == 5
+    assert verdict.log.startswith("tiled_matmul.cu(6): error")
+
+
 async def test_validation_none_and_mask_selection(scripted_engine_factory) -> None:
     engine = scripted_engine_factory(_fills_for_two_masks)
     service = AssistantService(AssistantSettings(candidates=1, validation_level="none"), engine=engine)
