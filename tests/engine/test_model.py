@@ -6,10 +6,11 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from engine.errors import ConfigError, UnsupportedArchitectureError
 from engine.kv_cache import KVCache
-from engine.model import DiceModel, ModelConfig, block_causal_block_mask, block_causal_mask
+from engine.model import DiceModel, ModelConfig, block_causal_block_mask, block_causal_mask, linear
 from engine.testing import tiny_config
 
 
@@ -263,3 +264,19 @@ def test_fused_projections_keep_logits_keys_and_memory():
     assert after_state.keys() == keys.keys() and all(torch.equal(after_state[k], v) for k, v in keys.items())
     with torch.no_grad():
         torch.testing.assert_close(model(ids), before, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("rows", "out_f", "in_f"),
+    [(4, 512, 256), (8, 4096, 256), (16, 256, 256), (17, 512, 256), (4, 256, 1024), (0, 512, 256)],
+)
+def test_linear_matches_f_linear(rows, out_f, in_f):
+    # rows <= 16 with out >= in take the W @ x^T path; the others are F.linear itself
+    gen = torch.Generator().manual_seed(rows + out_f)
+    x = torch.randn(1, rows, in_f, generator=gen)
+    w = torch.randn(out_f, in_f, generator=gen)
+    b = torch.randn(out_f, generator=gen)
+    for bias in (None, b):
+        got = linear(x, w, bias)
+        assert got.shape == (1, rows, out_f)
+        torch.testing.assert_close(got, F.linear(x, w, bias), rtol=1e-5, atol=1e-4)
