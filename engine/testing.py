@@ -13,12 +13,11 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as _Backend
 
 from engine.checkpoint import save_model
 from engine.model import DiceModel, ModelConfig
-from engine.tokenizer import QWEN2_SPLIT
+from engine.tokenizer import train_byte_level_bpe
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>")
 TINY_VOCAB = 640  # BPE vocabulary incl. specials; the embedding is padded to a multiple of 64 like Qwen's
@@ -107,26 +106,8 @@ and is fully functional. Just output the new model code, no other text, and NO t
 
 
 def _train_tokenizer(corpus: Iterable[str]) -> _Backend:
-    backend = _Backend(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    backend.normalizer = normalizers.NFC()
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-        ]
-    )
-    backend.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=TINY_VOCAB,
-        min_frequency=2,
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=[],
-    )
-    backend.train_from_iterator(list(corpus), trainer=trainer)
     # Specials after the learned vocabulary, as in Qwen2 (eos first, mask last).
-    backend.add_special_tokens(list(SPECIAL_TOKENS))
-    return backend
+    return train_byte_level_bpe(list(corpus), TINY_VOCAB, SPECIAL_TOKENS)
 
 
 def tiny_config(vocab_size: int, **overrides: object) -> ModelConfig:

@@ -8,11 +8,11 @@ ids transformers gives for the SDAR release. Special ids come from the files, ne
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as _Backend
 
 from engine.errors import CheckpointError
@@ -93,6 +93,38 @@ def _added_tokens(folder: Path, tok_config: dict) -> list[tuple[int, str, bool]]
     return []
 
 
+def qwen2_byte_level(bpe: models.BPE) -> _Backend:
+    """A tokenizer around ``bpe`` with Qwen2's pipeline: NFC, the Qwen2 split, byte-level mapping."""
+    backend = _Backend(bpe)
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    return backend
+
+
+def train_byte_level_bpe(
+    texts: Iterable[str], learned_vocab_size: int, special_tokens: Sequence[str]
+) -> _Backend:
+    """Train a Qwen2-style byte-level BPE of ``learned_vocab_size`` tokens on ``texts``; the special tokens
+    come after the learned vocabulary, as in Qwen2 (the engine loads the saved tokenizer.json unchanged)."""
+    backend = qwen2_byte_level(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    trainer = trainers.BpeTrainer(
+        vocab_size=learned_vocab_size,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
+    backend.train_from_iterator(texts, trainer=trainer)
+    backend.add_special_tokens(list(special_tokens))
+    return backend
+
+
 def _build_from_vocab(folder: Path, tok_config: dict) -> _Backend:
     vocab = _read_json(folder / "vocab.json")
     merges = []
@@ -103,16 +135,9 @@ def _build_from_vocab(folder: Path, tok_config: dict) -> _Backend:
         if len(parts) != 2:
             raise CheckpointError(f"{folder / 'merges.txt'}: bad merge line {line!r}")
         merges.append((parts[0], parts[1]))
-    bpe = models.BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False, byte_fallback=False)
-    backend = _Backend(bpe)
-    backend.normalizer = normalizers.NFC()
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-        ]
+    backend = qwen2_byte_level(
+        models.BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False, byte_fallback=False)
     )
-    backend.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
     for token_id, content, special in _added_tokens(folder, tok_config):
         token = AddedToken(content, special=special, normalized=False)
         got = backend.add_special_tokens([token]) if special else backend.add_tokens([token])

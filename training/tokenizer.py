@@ -21,30 +21,11 @@ def train_bpe(texts: Iterable[str], vocab_size: int, out_dir: str | Path) -> dic
     ``vocab_size`` counts the special tokens, which come after the learned vocabulary as in Qwen2. The
     pre-tokenizer is the engine's Qwen2 split + byte-level mapping, so the engine loads it unchanged.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-
-    from engine.tokenizer import QWEN2_SPLIT
+    from engine.tokenizer import train_byte_level_bpe
 
     if vocab_size < 512:
         raise ValueError(f"vocab_size {vocab_size} is too small for a byte-level BPE (256 bytes + merges)")
-    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(SPECIAL_TOKENS),
-        special_tokens=[],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        min_frequency=2,
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    tok = train_byte_level_bpe(texts, vocab_size - len(SPECIAL_TOKENS), SPECIAL_TOKENS)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
