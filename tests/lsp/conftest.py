@@ -116,11 +116,20 @@ async def wait_for(client: LanguageClient, method: str, predicate: Callable[[], 
     await asyncio.wait_for(loop(), WAIT_S)
 
 
-async def wait_status(client: LanguageClient, state: str, *, after: int = 0) -> dict[str, Any]:
-    """The first ``dice/status`` with ``state`` at or after index ``after``."""
+async def wait_status(
+    client: LanguageClient, state: str, *, after: int = 0, where: Callable[[dict[str, Any]], bool] | None = None
+) -> dict[str, Any]:
+    """The first ``dice/status`` with ``state`` (and matching ``where``) at or after index ``after``."""
 
     def found() -> dict[str, Any] | None:
-        return next((s for s in client.dice_status[after:] if s.get("state") == state), None)  # type: ignore
+        return next(
+            (
+                s
+                for s in client.dice_status[after:]  # type: ignore
+                if s.get("state") == state and (where is None or where(s))
+            ),
+            None,
+        )
 
     await wait_for(client, "dice/status", lambda: found() is not None)
     status = found()
