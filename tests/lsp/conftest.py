@@ -117,7 +117,11 @@ async def wait_for(client: LanguageClient, method: str, predicate: Callable[[], 
 
 
 async def wait_status(
-    client: LanguageClient, state: str, *, after: int = 0, where: Callable[[dict[str, Any]], bool] | None = None
+    client: LanguageClient,
+    state: str,
+    *,
+    after: int = 0,
+    where: Callable[[dict[str, Any]], bool] | None = None,
 ) -> dict[str, Any]:
     """The first ``dice/status`` with ``state`` (and matching ``where``) at or after index ``after``."""
 
