@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -127,26 +128,39 @@ def main() -> None:
     parser.add_argument(
         "--thread-repeats", type=int, default=6, help="rounds of the 1 vs 2 thread check (0: skip)"
     )
+    parser.add_argument(
+        "--thread-modes",
+        default="1,auto",
+        help="comma-separated intra-op thread policies, timed round-robin with the scenarios: 1 (always one "
+        "thread, the engine's policy before engine.cpu_threads), auto (the engine's default: the cores other "
+        "processes left idle since the previous request), or a fixed count",
+    )
     parser.add_argument("--out", type=Path, default=None, help="folder for dice_tiny_cpu_latency.json")
     args = parser.parse_args()
     scenarios = args.scenarios.split(",")
     if unknown := set(scenarios) - set(SCENARIOS):
         parser.error(f"unknown scenario(s) {sorted(unknown)}; choose from {sorted(SCENARIOS)}")
+    modes = args.thread_modes.split(",")
+    if any(m != "auto" and not (m.isdigit() and int(m) >= 1) for m in modes):
+        parser.error(f"--thread-modes: 'auto' or positive integers, got {args.thread_modes!r}")
     if 2 * (args.repeats + 1) >= len(TYPED):
         parser.error(f"--repeats must be below {len(TYPED) // 2 - 1} (one keystroke per request)")
 
     from engine import load_engine
+    from engine.cpu_threads import ENV, CpuThreadPolicy
     from engine.prompts import infill_prompt
 
     hole = KERNEL_FILE.index("/* <MASK> */")
     prefix, suffix = KERNEL_FILE[:hole], KERNEL_FILE[hole + len("/* <MASK> */") :]
-    # One engine per scenario, so one scenario's cache entries never help another's.
-    engines = {
-        sc: load_engine(args.model, device="cpu", prefix_cache_entries=0 if sc == "cold" else 4)
-        for sc in scenarios
-    }
+    # One engine per (scenario, thread mode), so one's cache entries never help another's.
+    runs = [(sc, mode) for sc in scenarios for mode in modes]
+    engines = {}
+    for sc, mode in runs:
+        engine = load_engine(args.model, device="cpu", prefix_cache_entries=0 if sc == "cold" else 4)
+        engine.cpu_threads = CpuThreadPolicy(cap=torch.get_num_threads(), env={ENV: mode})
+        engines[sc, mode] = engine
     tokenizer = next(iter(engines.values())).tokenizer
-    typed = {"n": 0}
+    typed = {mode: 0 for mode in modes}
 
     def encode(text: str) -> list[int]:
         prompt, response_prefix = infill_prompt(prefix + text, suffix)
@@ -154,50 +168,53 @@ def main() -> None:
 
     base = encode("")
 
-    def prompt_for(scenario: str) -> list[int]:
+    def prompt_for(scenario: str, mode: str) -> list[int]:
         if scenario != "edit":
             return base
-        typed["n"] += 1  # one more keystroke since the last request
-        return encode(TYPED[: typed["n"]])
+        typed[mode] += 1  # one more keystroke since the last request
+        return encode(TYPED[: typed[mode]])
 
-    results: dict[str, dict] = {sc: {} for sc in scenarios}
+    results: dict[str, dict] = {sc: {mode: {} for mode in modes} for sc in scenarios}
     load_samples: list[float] = []
     for policy, extra in (("static", {"steps_per_block": 4}), ("dynamic", {"threshold": 0.9})):
         kwargs = {"max_new_tokens": args.new_tokens, "policy": policy, "stop_ids": [], **extra}
-        for sc in scenarios:  # warm-up: the first request (cold for every engine)
-            engines[sc].generate(prompt_for(sc), **kwargs)
-        times: dict[str, list[float]] = {sc: [] for sc in scenarios}
-        tokens: dict[str, list[int]] = {sc: [] for sc in scenarios}
-        reused = {
-            sc: engines[sc].prefix_cache.reused_tokens if engines[sc].prefix_cache else 0 for sc in scenarios
-        }
+        for run in runs:  # warm-up: the first request (cold for every engine)
+            engines[run].generate(prompt_for(*run), **kwargs)
+        times: dict[tuple, list[float]] = {run: [] for run in runs}
+        tokens: dict[tuple, list[int]] = {run: [] for run in runs}
+        chosen: dict[tuple, list[int]] = {run: [] for run in runs}
+        reused = {run: e.prefix_cache.reused_tokens if e.prefix_cache else 0 for run, e in engines.items()}
         steps = {}
         for _ in range(args.repeats):
-            for sc in scenarios:
-                ids = prompt_for(sc)
-                tokens[sc].append(len(ids))
+            for run in runs:
+                ids = prompt_for(*run)
+                tokens[run].append(len(ids))
                 t0 = time.perf_counter()
-                out = engines[sc].generate(ids, **kwargs)
-                times[sc].append(time.perf_counter() - t0)
+                out = engines[run].generate(ids, **kwargs)
+                times[run].append(time.perf_counter() - t0)
                 assert len(out.ids[0]) == args.new_tokens
-                steps[sc] = out.steps
+                steps[run] = out.steps
+                chosen[run].append(engines[run].cpu_threads.last_choice)
             load_samples.append(os.getloadavg()[0])
-        for sc in scenarios:
-            pc = engines[sc].prefix_cache
-            results[sc][policy] = {
-                **summary(times[sc]),
-                "denoising_forwards": steps[sc],
-                "prompt_tokens_mean": round(statistics.mean(tokens[sc])),
+        for run in runs:
+            pc = engines[run].prefix_cache
+            sc, mode = run
+            results[sc][mode][policy] = {
+                **summary(times[run]),
+                "denoising_forwards": steps[run],
+                "prompt_tokens_mean": round(statistics.mean(tokens[run])),
                 # prompt tokens whose K/V came from the prefix cache, per timed request
-                "reused_prompt_tokens_mean": round((pc.reused_tokens - reused[sc]) / args.repeats)
+                "reused_prompt_tokens_mean": round((pc.reused_tokens - reused[run]) / args.repeats)
                 if pc
                 else 0,
+                # requests per thread count the policy chose
+                "threads_chosen": {str(n): chosen[run].count(n) for n in sorted(set(chosen[run]))},
             }
-            print(sc, policy, results[sc][policy], flush=True)
+            print(sc, f"threads={mode}", policy, results[sc][mode][policy], flush=True)
     engine = next(iter(engines.values()))
     threads = None
     if args.thread_repeats:
-        remainder = results.get("edit", {}).get("static", {})
+        remainder = results.get("edit", {}).get(modes[0], {}).get("static", {})
         remainder = (
             remainder["prompt_tokens_mean"] - remainder["reused_prompt_tokens_mean"] if remainder else 448
         )
@@ -212,9 +229,10 @@ def main() -> None:
         "repeats": args.repeats,
         "scenarios": {k: SCENARIOS[k] for k in scenarios},
         "results": results,
-        "torch_threads_prefill_and_decode": 1,
+        "thread_modes": modes,
         "thread_check": threads,
         "cpu_count": os.cpu_count(),
+        "command": "python benchmarks/dice_tiny_latency.py " + " ".join(sys.argv[1:]),
         "load_average_1min": {
             "min": round(min(load_samples), 2),
             "median": round(statistics.median(load_samples), 2),

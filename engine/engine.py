@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from engine.checkpoint import load_model, parse_dtype
+from engine.cpu_threads import CpuThreadPolicy
 from engine.decode import DecodeSettings, GenerationOutput, StepEvent, decode
 from engine.errors import CheckpointError
 from engine.kv_cache import PrefixCache
@@ -26,18 +27,19 @@ from engine.tokenizer import Tokenizer, load_tokenizer
 log = logging.getLogger(__name__)
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent / "models" / "dice-tiny"
-# Below this size a CPU forward is a few tiny matmuls, where intra-op threads cost more than they save
-# (measured 20x slower on a loaded 2-core machine), so such models run single-threaded.
+# Below this size a CPU forward is a few tiny matmuls: a thread whose core another process holds makes each
+# op wait (measured 2.4-20x slower on a loaded 2-core machine), so such models use only the cores that are
+# idle at the time of the request (engine.cpu_threads).
 SMALL_CPU_MODEL = 50_000_000
 
 
 @contextlib.contextmanager
-def _single_thread(enabled: bool) -> Iterator[None]:
-    if not enabled:
+def _threads(policy: CpuThreadPolicy | None) -> Iterator[None]:
+    if policy is None:
         yield
         return
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(policy.choose())
     try:
         yield
     finally:
@@ -112,7 +114,8 @@ class Engine:
                 f"mask token id {mask_id} is outside the vocabulary ({model.config.vocab_size})"
             )
         self.mask_id = mask_id
-        self._small_cpu = self.device.type == "cpu" and self.num_parameters < SMALL_CPU_MODEL
+        small_cpu = self.device.type == "cpu" and self.num_parameters < SMALL_CPU_MODEL
+        self.cpu_threads = CpuThreadPolicy(cap=torch.get_num_threads()) if small_cpu else None
         # Prompt-prefix K/V reuse (0 entries turns it off): the infill template's fixed opening and the n
         # candidates of one request are prefilled once. Bytes per cached token: 2 * layers * kv heads *
         # head_dim * dtype size (4 KB for dice-tiny in float32, 144 KB for an 8B model in bf16).
@@ -141,7 +144,7 @@ class Engine:
         ids = torch.as_tensor(input_ids, dtype=torch.long)
         if ids.dim() == 1:
             ids = ids[None]
-        with _single_thread(self._small_cpu):
+        with _threads(self.cpu_threads):
             return self.model(ids.to(self.device)).float()
 
     def generate(
@@ -198,7 +201,7 @@ class Engine:
         if seed is not None or temperature > 0:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
-        with _single_thread(self._small_cpu):
+        with _threads(self.cpu_threads):
             return decode(
                 self.runner,
                 prompts,
