@@ -56,6 +56,9 @@ __global__ void softmax_rows(const float* __restrict__ x, float* __restrict__ y,
 }}
 """
 
+# --typing: typed into the hole one character per request, as a user writing the statement would
+TYPED = "float max_row = shared[0]; __syncthreads(); float total = 0.0f; // running sum"
+
 SHAPES: dict[str, dict[str, int]] = {
     # SDAR-1.7B-Chat (Qwen3-1.7B body), DESIGN.md section 2
     "1.7b": dict(
@@ -220,12 +223,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             types.TextDocumentItem(uri=uri, language_id="cuda-cpp", version=0, text=text)
         )
     )
-    mask_line = text.splitlines().index(f"    /* <MASK:{args.budget}> */")
-    params = types.InlineCompletionParams(
-        text_document=types.TextDocumentIdentifier(uri=uri),
-        position=types.Position(line=mask_line, character=4),
-        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked),
-    )
+    lines = text.splitlines(keepends=True)
+    mask_line = lines.index(f"    /* <MASK:{args.budget}> */\n")
+
+    def request_at(typed: int) -> types.InlineCompletionParams:
+        return types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            position=types.Position(line=mask_line, character=4 + typed),
+            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked),
+        )
+
+    params = request_at(0)
 
     latencies: list[float] = []
     cached: list[float] = []
@@ -237,11 +245,30 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if time.perf_counter() > deadline and len(latencies) >= 3:
             print(f"--time-limit reached after {len(latencies)} timed requests", flush=True)
             break
-        mark = len(client.logs)
-        client.workspace_did_change_configuration(
-            types.DidChangeConfigurationParams(settings={"dice": {**settings, "threshold": 0.9 - n * 1e-9}})
-        )
-        await client.wait_log("settings applied", after=mark)
+        if args.typing:  # one more character typed into the hole, right before the mask
+            client.text_document_did_change(
+                types.DidChangeTextDocumentParams(
+                    text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=n),
+                    content_changes=[
+                        types.TextDocumentContentChangePartial(
+                            range=types.Range(
+                                start=types.Position(line=mask_line, character=4 + n - 1),
+                                end=types.Position(line=mask_line, character=4 + n - 1),
+                            ),
+                            text=TYPED[n - 1],
+                        )
+                    ],
+                )
+            )
+            params = request_at(n)
+        else:
+            mark = len(client.logs)
+            client.workspace_did_change_configuration(
+                types.DidChangeConfigurationParams(
+                    settings={"dice": {**settings, "threshold": 0.9 - n * 1e-9}}
+                )
+            )
+            await client.wait_log("settings applied", after=mark)
         t0 = time.perf_counter()
         items = await client.text_document_inline_completion_async(params)
         elapsed = (time.perf_counter() - t0) * 1000
@@ -277,6 +304,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "settings": settings,
         "mask_budget_tokens": args.budget,
+        "typing": args.typing,
         "requests": len(latencies),
         "warmup": args.warmup,
         "server_start_and_model_load_s": round(load_s, 2),
@@ -316,10 +344,17 @@ def write_results(result: dict[str, Any], out_dir: Path) -> list[Path]:
         f"- model: {result['model']['description']} (device {result['model']['device']})",
         f"- mask: `/* <MASK:{result['mask_budget_tokens']}> */` in a kernel body, invoked trigger, "
         f"{settings['candidates']} candidate(s), validation `{settings['validationLevel']}`",
-        f"- {result['requests']} timed requests after {result['warmup']} warm-up, same text, none served from"
-        " the cache (threshold moved by 1e-9 before each)",
+        f"- {result['requests']} timed requests after {result['warmup']} warm-up, "
+        + (
+            "each after one more character typed into the hole (right before the mask), as a user writing"
+            " a statement: the engine's prefix cache holds the file up to the hole, the rest is prefilled"
+            if result.get("typing")
+            else "same text, none served from the cache (threshold moved by 1e-9 before each): the engine's"
+            " prefix cache holds the whole prompt"
+        ),
         f"- suggestion: {result.get('suggestion_chars_mean')} characters on average, first line of one:"
-        f" `{example}`",
+        f" `{example}`; {result['empty_responses']} of {result['requests']} requests got no suggestion"
+        " (the model stopped at once or wrote only blanks)",
         f"- **p50 {lat['p50']} ms, p95 {lat['p95']} ms** (mean {lat['mean']}, min {lat['min']},"
         f" max {lat['max']});"
         f" cached repeat p50 {result['cached_latency_ms']['p50']} ms; the assistant's own time p50"
@@ -370,6 +405,11 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="stop sending requests after this many seconds (results still written)",
     )
+    parser.add_argument(
+        "--typing",
+        action="store_true",
+        help="type one more character into the hole before each request (default: same text each time)",
+    )
     parser.add_argument("--label", default="cpu")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
@@ -377,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--tokenizer", type=Path, help="tokenizer folder for --random-model (Qwen2 vocab)")
     args = parser.parse_args(argv)
+    if args.typing and args.warmup + args.requests > len(TYPED):
+        parser.error(f"--typing: --warmup + --requests must be at most {len(TYPED)} (one character each)")
     if args.random_model:
         if args.tokenizer is None:
             parser.error("--random-model needs --tokenizer")
