@@ -290,7 +290,7 @@ def main(cfg: SFTConfig) -> dict:
         os.environ.setdefault(key, value)
     cfg.validate()
     from accelerate import Accelerator
-    from accelerate.utils import GradientAccumulationPlugin, set_seed
+    from accelerate.utils import GradientAccumulationPlugin, parse_flag_from_env, set_seed
 
     from engine.checkpoint import save_model
     from engine.tokenizer import load_tokenizer
@@ -301,6 +301,13 @@ def main(cfg: SFTConfig) -> dict:
     # Sync every grad_accum micro-batches only; not at the end of the loader, which accelerate sees one batch
     # early because we draw a whole step's micro-batches before the first backward.
     accum = GradientAccumulationPlugin(num_steps=cfg.grad_accum, sync_with_dataloader=False)
+    if not cuda and parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"):
+        # accelerate would quietly train without DeepSpeed (cpu=True) or, without it, count every process
+        # as rank 0 of 1 while DeepSpeed sees all of them (checked with accelerate 1.15, DeepSpeed 0.19.8)
+        raise RuntimeError(
+            "a DeepSpeed launch (ACCELERATE_USE_DEEPSPEED) needs CUDA GPUs; on CPU use "
+            "training/configs/cpu_gloo.yaml (several processes over gloo) or no launcher"
+        )
     accelerator = Accelerator(gradient_accumulation_plugin=accum, mixed_precision=mixed, cpu=not cuda)
     set_seed(cfg.seed)
     out = Path(cfg.out)

@@ -299,3 +299,14 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny: Path) -> None:
         loss.backward()
         grads.append(model.model.layers[0].mlp.up_proj.weight.grad.clone())
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_a_deepspeed_launch_without_cuda_is_refused_not_silently_dropped(
+    tiny: Path, examples: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("the refusal is for machines without CUDA")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # set by `accelerate launch` of a DeepSpeed config
+    with pytest.raises(RuntimeError, match="DeepSpeed launch .* needs CUDA GPUs; on CPU use .*cpu_gloo.yaml"):
+        run(tiny, examples, tmp_path / "o")
+    assert not (tmp_path / "o" / "checkpoints").exists()
