@@ -68,6 +68,8 @@ SCENARIOS = {
     "edit": "the editor's steady state: each request follows one more keystroke typed into the hole of the "
     "same file, so the previous request's prompt is cached and only what follows the hole is prefilled",
     "repeat": "the same prompt again (the next candidate of one request): nothing to prefill",
+    "newfile": "a file the cache has not seen (a different first line each time) after other files: only the "
+    "template's fixed opening is reused, the file and everything after it is prefilled",
 }
 
 
@@ -121,7 +123,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument(
         "--scenarios",
-        default="cold,edit,repeat",
+        default="cold,newfile,edit,repeat",
         help="comma-separated, timed round-robin (each sees the same machine load), of: "
         + "; ".join(f"{k}: {v}" for k, v in SCENARIOS.items()),
     )
@@ -161,14 +163,18 @@ def main() -> None:
         engines[sc, mode] = engine
     tokenizer = next(iter(engines.values())).tokenizer
     typed = {mode: 0 for mode in modes}
+    files = {mode: 0 for mode in modes}
 
-    def encode(text: str) -> list[int]:
-        prompt, response_prefix = infill_prompt(prefix + text, suffix)
+    def encode(text: str, head: str = "") -> list[int]:
+        prompt, response_prefix = infill_prompt(head + prefix + text, suffix)
         return tokenizer.encode(prompt + response_prefix)
 
     base = encode("")
 
     def prompt_for(scenario: str, mode: str) -> list[int]:
+        if scenario == "newfile":
+            files[mode] += 1
+            return encode("", head=f"// tile_{files[mode]}.cu\n")
         if scenario != "edit":
             return base
         typed[mode] += 1  # one more keystroke since the last request
