@@ -116,6 +116,29 @@ def thread_check(engine, prompt: list[int], remainder: int, repeats: int) -> dic
     return out
 
 
+def first_request_check(model, prompt: list[int], new_tokens: int, repeats: int) -> dict:
+    """The first request after loading, with and without ``Engine.prime_prefix_cache`` (what the assistant
+    service runs right after it loads a model), alternating, a fresh engine each time; dynamic policy."""
+    from engine import load_engine
+
+    times: dict[str, list[float]] = {"primed": [], "not_primed": []}
+    priming: list[float] = []
+    for _ in range(repeats):
+        for mode in times:
+            engine = load_engine(model, device="cpu")
+            engine.generate(prompt[:64], max_new_tokens=4, stop_ids=[])  # first-forward start-up costs
+            engine.clear_prefix_cache()
+            if mode == "primed":
+                t0 = time.perf_counter()
+                engine.prime_prefix_cache()
+                priming.append(time.perf_counter() - t0)
+            time.sleep(0.3)  # as between loading and the first keystroke
+            t0 = time.perf_counter()
+            engine.generate(prompt, max_new_tokens=new_tokens, policy="dynamic", threshold=0.9, stop_ids=[])
+            times[mode].append(time.perf_counter() - t0)
+    return {**{k: summary(v) for k, v in times.items()}, "priming_at_load": summary(priming)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="checkpoint folder (default: the embedded dice-tiny)")
@@ -136,6 +159,12 @@ def main() -> None:
         help="comma-separated intra-op thread policies, timed round-robin with the scenarios: 1 (always one "
         "thread, the engine's policy before engine.cpu_threads), auto (the engine's default: the cores other "
         "processes left idle since the previous request), or a fixed count",
+    )
+    parser.add_argument(
+        "--first-repeats",
+        type=int,
+        default=6,
+        help="rounds of the first-request-after-loading check, primed vs not (0: skip)",
     )
     parser.add_argument("--out", type=Path, default=None, help="folder for dice_tiny_cpu_latency.json")
     args = parser.parse_args()
@@ -227,6 +256,11 @@ def main() -> None:
         threads = thread_check(engine, base, remainder, args.thread_repeats + 1)
         load_samples.append(os.getloadavg()[0])
         print("threads", threads, flush=True)
+    first = None
+    if args.first_repeats:
+        first = first_request_check(args.model, base, args.new_tokens, args.first_repeats)
+        load_samples.append(os.getloadavg()[0])
+        print("first request", first, flush=True)
     report = {
         "model": str(engine.path),
         "parameters": engine.num_parameters,
@@ -237,6 +271,7 @@ def main() -> None:
         "results": results,
         "thread_modes": modes,
         "thread_check": threads,
+        "first_request_after_loading": first,
         "cpu_count": os.cpu_count(),
         "command": "python benchmarks/dice_tiny_latency.py " + " ".join(sys.argv[1:]),
         "load_average_1min": {

@@ -15,11 +15,11 @@ from torch import Tensor
 
 from engine.checkpoint import load_model, parse_dtype
 from engine.cpu_threads import CpuThreadPolicy
-from engine.decode import DecodeSettings, GenerationOutput, StepEvent, decode
+from engine.decode import DecodeSettings, GenerationOutput, StepEvent, decode, prefill
 from engine.errors import CheckpointError
 from engine.kv_cache import PrefixCache
 from engine.model import DiceModel, ModelConfig
-from engine.prompts import extract_middle, infill_prompt, kernelbench_prompt
+from engine.prompts import extract_middle, infill_opening, infill_prompt, kernelbench_prompt
 from engine.runner import CudaGraphRunner, EagerRunner
 from engine.sampling import SamplingParams
 from engine.tokenizer import Tokenizer, load_tokenizer
@@ -124,6 +124,23 @@ class Engine:
             if prefix_cache_entries > 0 and prefix_cache_tokens > 0
             else None
         )
+
+    def prime_prefix_cache(self, text: str | None = None) -> int:
+        """Prefill ``text`` (default: the infilling template's fixed opening, ``infill_opening``) into the
+        prefix cache, so that the first request sharing it prefills only the rest. Returns the tokens cached
+        (whole blocks; 0 without a prefix cache). Exact: a later prompt reuses only the tokens it shares."""
+        if self.prefix_cache is None:
+            return 0
+        ids = self.tokenizer.encode(infill_opening() if text is None else text)
+        bs = self.config.block_size
+        blocks = len(ids) // bs
+        if blocks == 0:
+            return 0
+        with _threads(self.cpu_threads), torch.inference_mode():
+            cache = self.runner.new_cache(1, blocks * bs, bs)
+            cache.reset([0])
+            prefill(self.runner, cache, [ids], [blocks], [0], self.tokenizer.pad_id, self.prefix_cache)
+        return blocks * bs
 
     def clear_prefix_cache(self) -> None:
         """Forget cached prompt K/V (needed after the model's weights change)."""

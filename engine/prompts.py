@@ -74,6 +74,14 @@ def infill_prompt(prefix: str, suffix: str, context: str | None = None) -> tuple
     return prompt, RESPONSE_CODE_FENCE + prefix
 
 
+def infill_opening() -> str:
+    """The text every ``infill_prompt`` without context starts with: the template up to the file's prefix
+    (up to the context, for prompts with one): what ``Engine.prime_prefix_cache`` prefills ahead of time."""
+    sentinel = "\x00prefix\x00"
+    prompt, _ = infill_prompt(sentinel, "")
+    return prompt[: prompt.index(sentinel)]
+
+
 def suffix_head(suffix: str) -> str:
     """The first non-blank line of ``suffix`` (stripped): seeing it in the output ends the middle."""
     for line in suffix.splitlines():

@@ -14,6 +14,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import math
 import os
 import re
@@ -50,6 +51,8 @@ V = TypeVar("V")
 
 # Progress events from the model thread are thinned to one per interval (the last one always goes out).
 _PROGRESS_INTERVAL_S = 0.05
+
+log = logging.getLogger(__name__)
 
 
 class _LRU(Generic[K, V]):
@@ -278,9 +281,27 @@ class AssistantService:
                 import engine as engine_pkg
 
                 self._engine = engine_pkg.load_engine(self.settings.model_path, device=self._resolve_device())
+                self._prime(self._engine)
             if self._model_info is None:
                 self._hole_cut = read_hole_cut(getattr(self._engine, "path", None))
                 self._model_info = _describe_engine(self._engine, self.settings.model_path)
+
+    @staticmethod
+    def _prime(engine: Any) -> None:
+        """Prefill the infilling template's fixed opening (~1,000 tokens) into the engine's prefix cache, so
+        that the first request after loading prefills only its file (on 2 CPU cores: ~0.3 s once here,
+        instead of in that request). A failure here costs only the speed-up."""
+        prime = getattr(engine, "prime_prefix_cache", None)  # engines passed in may be stand-ins
+        if prime is None:
+            return
+        started = time.perf_counter()
+        try:
+            tokens = prime()
+        except Exception:  # noqa: BLE001 - never fail a load over an optimisation
+            log.exception("could not prefill the prompt template into the prefix cache")
+            return
+        if tokens:
+            log.info("prefilled the %d-token prompt opening in %.2f s", tokens, time.perf_counter() - started)
 
     def update_settings(self, settings: AssistantSettings) -> None:
         """Apply new settings; a different model path or device drops the loaded model (reloaded on next use).

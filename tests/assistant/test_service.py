@@ -310,3 +310,21 @@ async def test_blank_fills_are_not_candidates(scripted_engine_factory, validator
     assert result.best_text == TWO_MASKS.replace("/* <MASK> */", GOOD_SCALE)  # the blank hole stays a mask
     assert result.best_verdict is not None and result.best_verdict.compiled
     assert result.stats["empty_fills"] == 3  # distinct blank fills: "  \n", "\n", "// return v * v;"
+
+
+async def test_loading_primes_the_prompt_opening(tiny_checkpoint) -> None:
+    """A service that loads its own model prefills the template's opening, so the first request reuses it."""
+    from engine.prompts import infill_opening
+
+    settings = AssistantSettings(
+        model_path=str(tiny_checkpoint), device="cpu", candidates=1, validation_level="none"
+    )
+    service = AssistantService(settings)
+    await service.load()
+    engine = service.engine
+    opening = engine.tokenizer.encode(infill_opening())
+    assert len(engine.prefix_cache) == 1 and engine.prefix_cache.tokens == len(opening) // 4 * 4
+    before = engine.prefix_cache.reused_tokens
+    await service.complete_document(TWO_MASKS, mask_indices=[0])
+    assert engine.prefix_cache.reused_tokens - before >= len(opening) // 4 * 4 - 4
+    service.close()

@@ -7,7 +7,7 @@ import torch
 
 from engine import Engine, load_engine
 from engine.kv_cache import KVCache, PrefixCache
-from engine.prompts import infill_prompt
+from engine.prompts import infill_opening, infill_prompt
 from engine.sampling import static_policy
 from tests.engine.test_decode import uncached_decode
 
@@ -80,6 +80,21 @@ def test_shared_prefix_pair_prefills_only_the_rest_and_decodes_the_same(cached, 
     for policy in ({"policy": "dynamic", "threshold": 0.5}, {"temperature": 0.8, "seed": 3}):
         args = {**GEN, **policy}
         same(cached.generate(second, **args), plain.generate(second, **args))
+
+
+def test_primed_template_opening_is_reused_by_the_first_request(cached, plain, monkeypatch):
+    opening = cached.tokenizer.encode(infill_opening())
+    assert cached.prime_prefix_cache() == len(opening) // 4 * 4
+    ids = infill_ids(cached, KERNEL.index("y[i]"))
+    assert ids[: len(opening) // 4 * 4] == opening[: len(opening) // 4 * 4]  # the prompts share it
+    widths = prefill_widths(cached, monkeypatch)
+    before = cached.prefix_cache.reused_tokens
+    same(cached.generate(ids, **GEN), plain.generate(ids, **GEN))
+    reused = cached.prefix_cache.reused_tokens - before
+    assert reused >= len(opening) // 4 * 4 - 4  # at most the last block tokenizes differently
+    assert widths == [(1, len(ids) // 4 * 4 - reused)]
+    assert cached.prime_prefix_cache("a") == 0  # less than a block: nothing to keep
+    assert plain.prime_prefix_cache() == 0  # no prefix cache
 
 
 def test_repeated_prompt_prefills_once(cached, plain, monkeypatch):
