@@ -289,7 +289,7 @@ class AssistantService:
     @staticmethod
     def _prime(engine: Any) -> None:
         """Prefill the infilling template's fixed opening (~1,000 tokens) into the engine's prefix cache, so
-        that the first request after loading prefills only its file (on 2 CPU cores: ~0.3 s once here,
+        that the first request after loading prefills only its file (on 2 CPU cores: ~0.2 s once here,
         instead of in that request). A failure here costs only the speed-up."""
         prime = getattr(engine, "prime_prefix_cache", None)  # engines passed in may be stand-ins
         if prime is None:
