@@ -284,6 +284,27 @@ def build_model(cfg: SFTConfig, device: torch.device | str = "cpu"):
     return model.train(), Path(cfg.tokenizer)
 
 
+def align_deepspeed_config(ds_config: dict, cfg: SFTConfig) -> None:
+    """DeepSpeed accumulates and clips by its own config: make it say what ``cfg`` says.
+
+    Left out of the accelerate config (or "auto"), the values are filled from ``cfg``; set there to something
+    else, training stops here with a clear error instead of accelerate's warning and DeepSpeed's value (the
+    loop would then draw ``cfg.grad_accum`` micro-batches per step while DeepSpeed steps at another count).
+    """
+    for key, ours, flag in (
+        ("gradient_accumulation_steps", cfg.grad_accum, "--grad-accum"),
+        ("gradient_clipping", cfg.grad_clip, "--grad-clip"),
+    ):
+        theirs = ds_config.get(key, "auto")
+        if theirs in ("auto", None):
+            ds_config[key] = ours
+        elif float(theirs) != float(ours):
+            raise ValueError(
+                f"the DeepSpeed config sets {key} = {theirs} but dice train sft has {flag} {ours}: "
+                f"leave {key} out of the accelerate config (it then follows {flag}) or pass the same value"
+            )
+
+
 def main(cfg: SFTConfig) -> dict:
     """Train; return a summary (steps, final loss, eval metrics, output paths)."""
     for key, value in NCCL_SAFE_ENV.items():
@@ -309,6 +330,8 @@ def main(cfg: SFTConfig) -> dict:
             "training/configs/cpu_gloo.yaml (several processes over gloo) or no launcher"
         )
     accelerator = Accelerator(gradient_accumulation_plugin=accum, mixed_precision=mixed, cpu=not cuda)
+    if accelerator.state.deepspeed_plugin is not None:
+        align_deepspeed_config(accelerator.state.deepspeed_plugin.deepspeed_config, cfg)
     set_seed(cfg.seed)
     out = Path(cfg.out)
     if accelerator.is_main_process:
