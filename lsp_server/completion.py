@@ -9,7 +9,7 @@ from typing import Any
 from lsprotocol import types
 
 from lsp_server.documents import current_version, open_snapshot
-from lsp_server.inline import completion_items, plan_inline
+from lsp_server.inline import Shown, completion_items, plan_inline
 from lsp_server.session import DiceSession, Offer, ServiceUnavailable
 from lsp_server.verdicts import is_usable
 
@@ -30,6 +30,9 @@ async def inline_completion(
 
     ticket = session.tracker.start(uri)
     try:
+        typed = _typed_through(session, uri, snap, params.position, limit=1 if automatic else None)
+        if typed is not None:
+            return typed
         if automatic:
             # Adaptive debounce; a newer request for the document ends the wait (and this request) early.
             try:
@@ -76,17 +79,18 @@ async def inline_completion(
         level = session.settings.validation.level
         usable = [c for c in candidates if is_usable(c.verdict, level)]
         items = completion_items(usable, plan.range, limit=1 if automatic else n, prefix=plan.prefix)
+        state = session.state_of(uri)
+        state.shown = None
         if items:
             by_text = {plan.prefix + c.text: c.verdict for c in usable}
             texts = [item.insert_text for item in items if isinstance(item.insert_text, str)]
+            verdicts = [by_text.get(t) for t in texts]
             session.remember_offer(
-                uri,
-                Offer(
-                    plan.byte_offset - len(plan.prefix.encode("utf-8")),
-                    texts,
-                    [by_text.get(t) for t in texts],
-                ),
+                uri, Offer(plan.byte_offset - len(plan.prefix.encode("utf-8")), texts, verdicts)
             )
+            if plan.mask_index is None and not plan.prefix:  # at the cursor: typing through them works
+                data = snap.text.encode("utf-8", errors="surrogatepass")
+                state.shown = Shown.at(data, plan.byte_offset, texts, verdicts)
         return items
     except asyncio.CancelledError:
         # $/cancelRequest (or shutdown): stop the model between denoising steps, then let pygls answer
@@ -106,6 +110,32 @@ async def inline_completion(
         return []
     finally:
         session.tracker.finish(ticket)
+
+
+def _typed_through(
+    session: DiceSession, uri: str, snap: Any, position: types.Position, *, limit: int | None
+) -> list[types.InlineCompletionItem] | None:
+    """The rest of the suggestions shown at this spot when the user typed their beginning; None otherwise."""
+    shown = session.state_of(uri).shown
+    if shown is None:
+        return None
+    from dice.cuda_source import Position, PositionIndex
+
+    try:
+        cursor = PositionIndex(snap.text).position_to_byte(Position(position.line, position.character))
+    except (ValueError, IndexError):
+        return None
+    data = snap.text.encode("utf-8", errors="surrogatepass")
+    found = shown.typed_through(data, cursor)
+    if found is None:
+        return None
+    typed, rests, verdicts = found
+    if limit:
+        rests, verdicts = rests[:limit], verdicts[:limit]
+    session.remember_offer(uri, Offer(shown.start_byte, [typed + r for r in rests], verdicts))
+    logger.info("inline %s: typed %d characters of the shown suggestion, serving the rest", uri, len(typed))
+    here = types.Range(start=position, end=position)
+    return [types.InlineCompletionItem(insert_text=r, range=here) for r in rests]
 
 
 def _mask_candidates(result: Any, mask_index: int | None) -> list[Any]:

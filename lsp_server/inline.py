@@ -7,6 +7,7 @@ wait an adaptive debounce first; results for a stale document version are droppe
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import statistics
 import time
 from collections import deque
@@ -159,6 +160,48 @@ class InlinePlan:
 
 
 KERNEL_KINDS = ("global", "device")
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+@dataclass(frozen=True)
+class Shown:
+    """Suggestions returned at a cursor (not at a mask): where they start and what surrounds them, as digests
+    of the document's bytes before the start and after the cursor (the document itself is not kept)."""
+
+    start_byte: int  # where the suggestions begin (the cursor of the request that produced them)
+    before: bytes  # digest of data[:start_byte]
+    after: bytes  # digest of data[cursor:], the same for every request typed into the suggestion
+    texts: tuple[str, ...]
+    verdicts: tuple[Any, ...]
+
+    @classmethod
+    def at(cls, data: bytes, cursor: int, texts: Sequence[str], verdicts: Sequence[Any]) -> Shown:
+        return cls(cursor, _digest(data[:cursor]), _digest(data[cursor:]), tuple(texts), tuple(verdicts))
+
+    def typed_through(self, data: bytes, cursor: int) -> tuple[str, list[str], list[Any]] | None:
+        """When the text between ``start_byte`` and ``cursor`` is the start of some suggestions and nothing
+        else changed: (what was typed, the rest of each such suggestion, their verdicts); else None.
+
+        The document with a rest inserted equals the one with the whole suggestion inserted, so verdicts
+        carry over: typing what is shown keeps it shown, without asking the model again (as Copilot does).
+        """
+        if cursor <= self.start_byte or cursor > len(data):
+            return None
+        if _digest(data[cursor:]) != self.after or _digest(data[: self.start_byte]) != self.before:
+            return None
+        try:
+            typed = data[self.start_byte : cursor].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        rests, verdicts = [], []
+        for text, verdict in zip(self.texts, self.verdicts, strict=True):
+            if text.startswith(typed) and text[len(typed) :].strip():
+                rests.append(text[len(typed) :])
+                verdicts.append(verdict)
+        return (typed, rests, verdicts) if rests else None
 
 
 def _in_kernel_body(doc: Any, byte_offset: int) -> bool:

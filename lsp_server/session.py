@@ -59,6 +59,7 @@ class DocumentState:
     compile_diagnostics: list[types.Diagnostic] = field(default_factory=list)
     regions: list[FilledRegion] = field(default_factory=list)
     offers: list[Offer] = field(default_factory=list)
+    shown: Any = None  # lsp_server.inline.Shown: suggestions at the cursor, for typing through them
     last_verdict: dict[str, Any] | None = None
     diagnostics_task: asyncio.Task | None = None
 
@@ -199,6 +200,9 @@ class DiceSession:
         self.log(f"settings applied: {settings_to_wire(self.settings)}")
         if initial:
             return
+        if old != self.settings:  # suggestions shown under the old settings are not typed through
+            for state in self.documents.values():
+                state.shown = None
         if old.model_key() != self.settings.model_key():
             self.log("model settings changed: reloading")
             self.load_service()
@@ -427,6 +431,7 @@ class DiceSession:
             return
         state = self.state_of(uri)
         state.offers = []
+        state.shown = None  # their verdicts are stale too
         try:
             service = await self.get_service(model=False)
         except ServiceUnavailable as exc:

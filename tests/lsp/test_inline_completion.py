@@ -213,3 +213,39 @@ async def test_rapid_typing_answers_every_request_and_only_the_last_runs(
     results = [items_of(r) for r in await asyncio.gather(*pending)]
     assert all(r == [] for r in results[:-1])  # each superseded by the next keystroke
     assert len(results[-1]) == 1 and results[-1][0].range == first
+
+
+async def test_typing_the_start_of_a_suggestion_keeps_the_rest(
+    client: LanguageClient, tmp_path: Path
+) -> None:
+    """As in Copilot: typed characters that match the suggestion shown at the cursor leave its rest shown,
+    with no model call; anything else typed asks the model again."""
+    text = TWO_MASKS.replace("    /* <MASK:4> */\n", "    \n")
+    uri = open_document(client, tmp_path / "typeahead.cu", text)
+    cursor = types.Position(line=5, character=4)  # the blank line inside scale()
+    (shown,) = items_of(
+        await client.text_document_inline_completion_async(request(uri, cursor, automatic=True))
+    )
+    suggestion = shown.insert_text
+    assert isinstance(suggestion, str)
+    typed = suggestion[: max(1, len(suggestion) // 2)]
+    if not suggestion[len(typed) :].strip():
+        pytest.skip(f"the random model's suggestion {suggestion!r} leaves nothing after its first half")
+    lines = text.splitlines(keepends=True)
+    lines[5] = "    " + typed + "\n"
+    replace_document(client, uri, "".join(lines), version=2)
+    after = types.Position(line=5, character=4 + len(typed.encode("utf-16-le")) // 2)
+    runs = len([m for m in client.log_messages if m.message.startswith("inline #")])
+    (rest,) = items_of(
+        await client.text_document_inline_completion_async(request(uri, after, automatic=True))
+    )
+    assert rest.insert_text == suggestion[len(typed) :]
+    assert rest.range == types.Range(start=after, end=after)
+    assert len([m for m in client.log_messages if m.message.startswith("inline #")]) == runs  # no model call
+
+    # a character that is not the suggestion's next one: the model is asked again
+    lines[5] = "    " + typed + ("#" if suggestion[len(typed)] != "#" else "@") + "\n"
+    replace_document(client, uri, "".join(lines), version=3)
+    moved = types.Position(line=after.line, character=after.character + 1)
+    await client.text_document_inline_completion_async(request(uri, moved, automatic=True))
+    assert len([m for m in client.log_messages if m.message.startswith("inline #")]) == runs + 1

@@ -9,7 +9,7 @@ import pytest
 
 from lsp_server.actions import CommandArgumentError, parse_arguments
 from lsp_server.config import DiceSettings, parse_settings, settings_to_wire
-from lsp_server.inline import AdaptiveDebounce, RequestTracker
+from lsp_server.inline import AdaptiveDebounce, RequestTracker, Shown
 from lsp_server.kernelbench import is_kernelbench_reference, output_path
 from lsp_server.verdicts import is_usable, verdict_label
 from lsp_server.watch import spec_reference_files
@@ -122,3 +122,27 @@ def test_command_arguments() -> None:
     for bad in ([], [None], ["file:///a.cu"], ["file:///a.cu", {"line": "3", "character": 0}]):
         with pytest.raises(CommandArgumentError):
             parse_arguments("dice.fillMask", bad)
+
+
+def test_typing_through_shown_suggestions() -> None:
+    doc = b"__global__ void k(float* y) {\n    \n}\n"
+    cursor = doc.index(b"    \n") + 4
+    shown = Shown.at(doc, cursor, ["y[0] = 1.0f;", "y[0] = 2.0f;", "return;"], ["v1", "v2", "v3"])
+
+    def typed(text: str, *, before: bytes = b"", after: bytes = b"") -> object:
+        data = before + doc[:cursor] + text.encode() + doc[cursor:] + after
+        return shown.typed_through(data, len(before) + cursor + len(text.encode()))
+
+    assert typed("y[0] = ") == ("y[0] = ", ["1.0f;", "2.0f;"], ["v1", "v2"])
+    assert typed("y[0] = 2") == ("y[0] = 2", [".0f;"], ["v2"])
+    assert typed("r") == ("r", ["eturn;"], ["v3"])
+    assert typed("") is None  # nothing typed: the assistant's own cache answers that
+    assert typed("x") is None  # not what was shown
+    assert typed("return;") is None  # all of it typed: nothing left to show
+    assert typed("y[0]", before=b"// edited\n") is None  # the text before the suggestion changed
+    assert typed("y[0]", after=b"// edited\n") is None  # or the text after the cursor
+    assert shown.typed_through(doc, cursor - 1) is None  # the cursor moved back
+    multibyte = Shown.at(doc, cursor, ["é = 1;"], [None])
+    data = doc[:cursor] + "é".encode() + doc[cursor:]
+    assert multibyte.typed_through(data, cursor + 1) is None  # inside a character
+    assert multibyte.typed_through(data, cursor + 2) == ("é", [" = 1;"], [None])
