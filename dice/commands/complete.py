@@ -6,13 +6,11 @@ import argparse
 import asyncio
 import difflib
 import json
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
-from dice.cli import CliError, read_text_file
+from dice.cli import CliError, read_text_file, write_atomically
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -34,22 +32,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="rewrite FILE with the best fills (refused when nothing compiled)")
     parser.add_argument("--force", action="store_true", help="with --write: write even if nothing compiled")
     parser.set_defaults(func=run)
-
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` (UTF-8, bytes as given) so that a crash never leaves half a file."""
-    mode = path.stat().st_mode & 0o7777
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".dice", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(text.encode("utf-8"))
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _lines(text: str) -> list[str]:

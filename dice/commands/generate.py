@@ -6,11 +6,10 @@ import argparse
 import ast
 import asyncio
 import json
-import os
 from pathlib import Path
 
 from dice.assistant.types import PROGRAM_MAX_NEW_TOKENS
-from dice.cli import CliError
+from dice.cli import CliError, write_atomically
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -120,9 +119,7 @@ def run(args: argparse.Namespace) -> int:
     if verdict_json is not None:
         verdict_json = {k: v for k, v in verdict_json.items() if k != "log"}
     text = header_comment(ref, info.describe(), verdict_label(best.verdict), verdict_json) + best.source
-    tmp = out.with_name(f".{out.name}.dice-tmp")
-    tmp.write_bytes(text.encode("utf-8"))
-    os.replace(tmp, out)
+    write_atomically(out, text)
     console.print(f"Wrote the best sample to {out}.")
     if settings.validation_level != "none" and (best.verdict is None or not best.verdict.compiled):
         message = first_line(best.verdict.message) if best.verdict is not None else ""
