@@ -56,10 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--validation", choices=["none", "compile", "run"], default="run")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
-    files = args.files or sorted(p for p in (ROOT / "examples").glob("*.cu")
-                                 if parse_document(p.read_text()).masks)
-    settings = AssistantSettings(model_path=args.model, candidates=args.candidates, max_latency_ms=0,
-                                 validation_level=args.validation)
+    files = args.files or sorted(
+        p for p in (ROOT / "examples").glob("*.cu") if parse_document(p.read_text()).masks
+    )
+    settings = AssistantSettings(
+        model_path=args.model, candidates=args.candidates, max_latency_ms=0, validation_level=args.validation
+    )
 
     from dice.validator import ValidatorPool
 
@@ -84,36 +86,59 @@ def main(argv: list[str] | None = None) -> int:
                 cached_s = time.perf_counter() - t
                 assert again.from_cache
                 tokens = sum(c.tokens or 0 for m in result.masks for c in m.candidates)
-                runs.append({**result.stats, "cached_s": cached_s, "tokens": tokens,
-                             "best": None if result.best_verdict is None else result.best_verdict.status})
-                print(f"{path.name} #{repeat}: generate {result.stats['generate_s']:.2f}s, validate "
-                      f"{result.stats['validate_s']:.2f}s, total {result.stats['total_s']:.2f}s, "
-                      f"{tokens} tokens, cache hit {cached_s * 1000:.2f} ms", flush=True)
+                runs.append(
+                    {
+                        **result.stats,
+                        "cached_s": cached_s,
+                        "tokens": tokens,
+                        "best": None if result.best_verdict is None else result.best_verdict.status,
+                    }
+                )
+                print(
+                    f"{path.name} #{repeat}: generate {result.stats['generate_s']:.2f}s, validate "
+                    f"{result.stats['validate_s']:.2f}s, total {result.stats['total_s']:.2f}s, "
+                    f"{tokens} tokens, cache hit {cached_s * 1000:.2f} ms",
+                    flush=True,
+                )
 
             def median(key: str, runs: list[dict[str, Any]] = runs) -> float:
                 return statistics.median(r[key] for r in runs)
 
-            rows.append({
-                "file": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
-                "masks": masks,
-                "generate_s": median("generate_s"),
-                "validate_cold_s": runs[0]["validate_s"],
-                "validate_warm_s": statistics.median(r["validate_s"] for r in runs[1:]) if runs[1:] else None,
-                "total_cold_s": runs[0]["total_s"],
-                "steps": median("steps"),
-                "tokens": median("tokens"),
-                "cached_ms": median("cached_s") * 1000,
-                "best_verdict": runs[-1]["best"],
-                "runs": runs,
-            })
+            rows.append(
+                {
+                    "file": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
+                    "masks": masks,
+                    "generate_s": median("generate_s"),
+                    "validate_cold_s": runs[0]["validate_s"],
+                    "validate_warm_s": statistics.median(r["validate_s"] for r in runs[1:])
+                    if runs[1:]
+                    else None,
+                    "total_cold_s": runs[0]["total_s"],
+                    "steps": median("steps"),
+                    "tokens": median("tokens"),
+                    "cached_ms": median("cached_s") * 1000,
+                    "best_verdict": runs[-1]["best"],
+                    "runs": runs,
+                }
+            )
     loader.close()
 
     command = "python benchmarks/assistant_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    payload = {"command": command.strip(), "machine": _machine(), "model": info.to_json(), "load_s": load_s,
-               "settings": {"candidates": args.candidates, "validation": args.validation,
-                            "block_size": settings.block_size, "steps_per_block": settings.steps_per_block,
-                            "policy": settings.policy, "max_new_tokens": settings.max_new_tokens},
-               "files": rows}
+    payload = {
+        "command": command.strip(),
+        "machine": _machine(),
+        "model": info.to_json(),
+        "load_s": load_s,
+        "settings": {
+            "candidates": args.candidates,
+            "validation": args.validation,
+            "block_size": settings.block_size,
+            "steps_per_block": settings.steps_per_block,
+            "policy": settings.policy,
+            "max_new_tokens": settings.max_new_tokens,
+        },
+        "files": rows,
+    }
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "assistant_bench.json").write_text(json.dumps(payload, indent=2) + "\n")
     lines = [
@@ -135,9 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         warm = "-" if r["validate_warm_s"] is None else f"{r['validate_warm_s']:.2f}"
         best = r["best_verdict"] or "no candidate (blank fills only)"
-        lines.append(f"| {r['file']} | {r['masks']} | {r['tokens']:.0f} | {r['steps']:.0f} | "
-                     f"{r['generate_s']:.2f} | {r['validate_cold_s']:.2f} | {warm} | "
-                     f"{r['total_cold_s']:.2f} | {r['cached_ms']:.2f} | {best} |")
+        lines.append(
+            f"| {r['file']} | {r['masks']} | {r['tokens']:.0f} | {r['steps']:.0f} | "
+            f"{r['generate_s']:.2f} | {r['validate_cold_s']:.2f} | {warm} | "
+            f"{r['total_cold_s']:.2f} | {r['cached_ms']:.2f} | {best} |"
+        )
     (args.results / "assistant_bench.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -77,12 +77,17 @@ def spec_of(ref_src: str) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default=None, help="checkpoint folder (default: the embedded dice-tiny)")
     parser.add_argument("--heldout", type=Path, default=ROOT / "runs/dice-tiny-data/heldout.jsonl.gz")
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared/data",
-                        help="the PyTorch references (for the context settings)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=ROOT.parent / "shared/data",
+        help="the PyTorch references (for the context settings)",
+    )
     parser.add_argument("--items", type=int, default=60)
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks/results")
     args = parser.parse_args()
@@ -109,55 +114,91 @@ def main() -> int:
                 head = spec_of(refs[it["group"]]) if with_spec else ""
                 doc = parse_document(head + prefix + MASK + suffix)
                 (m,) = [m for m in doc.masks if m.start_byte == len((head + prefix).encode())]
-                hole = Hole(m.index, m.start_byte, m.end_byte, m.budget, m.function_start_byte,
-                            m.function_end_byte)
-                req = build_infill_request(doc, hole, default_max_new_tokens=64, budget_chars=None,
-                                           hole_cut=cut)  # type: ignore[arg-type]
+                hole = Hole(
+                    m.index, m.start_byte, m.end_byte, m.budget, m.function_start_byte, m.function_end_byte
+                )
+                req = build_infill_request(
+                    doc, hole, default_max_new_tokens=64, budget_chars=None, hole_cut=cut
+                )  # type: ignore[arg-type]
                 t0 = time.perf_counter()
-                out = engine.infill(req.prefix, req.suffix, context=req.context, n=1,
-                                    max_new_tokens=req.max_new_tokens, **DECODE)[0]
+                out = engine.infill(
+                    req.prefix,
+                    req.suffix,
+                    context=req.context,
+                    n=1,
+                    max_new_tokens=req.max_new_tokens,
+                    **DECODE,
+                )[0]
                 fill = req.mask_fill(out.text)
                 name = f"{cut}{'+spec' if with_spec else ''}"
-                rec[name] = {"fill": fill, "generate_s": round(time.perf_counter() - t0, 3),
-                             "exact": _norm(fill) == _norm(middle), "blank": not fill.strip()}
-                pending.append((name, pool.submit_cu(extract_device_code(prefix + fill + suffix).source,
-                                                     run=False)))
+                rec[name] = {
+                    "fill": fill,
+                    "generate_s": round(time.perf_counter() - t0, 3),
+                    "exact": _norm(fill) == _norm(middle),
+                    "blank": not fill.strip(),
+                }
+                pending.append(
+                    (name, pool.submit_cu(extract_device_code(prefix + fill + suffix).source, run=False))
+                )
             rec["original_compiles"] = original.result().compiled
             for name, fut in pending:
                 # a blank fill is no candidate in the assistant (it only deletes the hole): never counted
                 rec[name]["compiles"] = fut.result().compiled and not rec[name]["blank"]
             records.append(rec)
-            print(f"{len(records)}/{len(items)} {it['kind']}: "
-                  + " ".join(f"{n}={'C' if rec[n]['compiles'] else '-'}{'=' if rec[n]['exact'] else ''}"
-                             for n, _ in pending), flush=True)
+            print(
+                f"{len(records)}/{len(items)} {it['kind']}: "
+                + " ".join(
+                    f"{n}={'C' if rec[n]['compiles'] else '-'}{'=' if rec[n]['exact'] else ''}"
+                    for n, _ in pending
+                ),
+                flush=True,
+            )
     elapsed = time.perf_counter() - t_start
 
     names = [f"{c}{'+spec' if s else ''}" for c, s in SETTINGS]
     usable = [r for r in records if r["original_compiles"]]
-    summary = {n: {"compiles": sum(r[n]["compiles"] for r in usable),
-                   "exact": sum(r[n]["exact"] for r in usable),
-                   "blank": sum(r[n]["blank"] for r in usable),
-                   "mean_generate_s": round(sum(r[n]["generate_s"] for r in usable) / max(1, len(usable)), 3)}
-               for n in names}
-    by_kind = {k: {n: sum(r[n]["compiles"] for r in usable if r["kind"] == k) for n in names}
-               | {"holes": sum(r["kind"] == k for r in usable)}
-               for k in dict.fromkeys(r["kind"] for r in usable)}
+    summary = {
+        n: {
+            "compiles": sum(r[n]["compiles"] for r in usable),
+            "exact": sum(r[n]["exact"] for r in usable),
+            "blank": sum(r[n]["blank"] for r in usable),
+            "mean_generate_s": round(sum(r[n]["generate_s"] for r in usable) / max(1, len(usable)), 3),
+        }
+        for n in names
+    }
+    by_kind = {
+        k: {n: sum(r[n]["compiles"] for r in usable if r["kind"] == k) for n in names}
+        | {"holes": sum(r["kind"] == k for r in usable)}
+        for k in dict.fromkeys(r["kind"] for r in usable)
+    }
     import torch
 
     result = {
         "command": "python " + " ".join(sys.argv),
-        "machine": {"python": platform.python_version(), "platform": platform.platform(),
-                    "torch": torch.__version__, "threads": torch.get_num_threads(), "device": "cpu"},
-        "model": engine.name, "items": len(records), "usable": len(usable), "elapsed_s": round(elapsed, 1),
-        "summary": summary, "by_kind": by_kind, "records": records,
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "device": "cpu",
+        },
+        "model": engine.name,
+        "items": len(records),
+        "usable": len(usable),
+        "elapsed_s": round(elapsed, 1),
+        "summary": summary,
+        "by_kind": by_kind,
+        "records": records,
     }
     args.results.mkdir(parents=True, exist_ok=True)
     stem = f"infill_holes_{engine.name}"
     (args.results / f"{stem}.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     lines = [
-        f"# Hole cut and dice-spec context for {engine.name}", "",
+        f"# Hole cut and dice-spec context for {engine.name}",
+        "",
         f"`{result['command']}` on {result['machine']['platform']} (CPU, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads), {elapsed:.0f} s.", "",
+        f"{torch.get_num_threads()} threads), {elapsed:.0f} s.",
+        "",
         f"{len(records)} held-out `.cu` holes alone on their lines, as `{MASK}`; {len(usable)} of the "
         "original files compile and are counted. Greedy, dynamic 0.9, block 4, 4 steps, <= 64 new tokens.",
         "",
@@ -167,8 +208,13 @@ def main() -> int:
     for n in names:
         s = summary[n]
         lines.append(f"| {n} | {s['compiles']} | {s['exact']} | {s['blank']} | {s['mean_generate_s']} |")
-    lines += ["", "Top-1 compiles by hole kind:", "", "| kind | holes | " + " | ".join(names) + " |",
-              "| --- | --- | " + " | ".join("---" for _ in names) + " |"]
+    lines += [
+        "",
+        "Top-1 compiles by hole kind:",
+        "",
+        "| kind | holes | " + " | ".join(names) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in names) + " |",
+    ]
     for k, v in by_kind.items():
         lines.append(f"| {k} | {v['holes']} | " + " | ".join(str(v[n]) for n in names) + " |")
     (args.results / f"{stem}.md").write_text("\n".join(lines) + "\n")

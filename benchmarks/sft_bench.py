@@ -28,21 +28,40 @@ PEAK_BF16_TFLOPS = 989.4
 PRESETS = {
     # SDAR-1.7B as DESIGN.md infers it (Qwen3-1.7B shape); vocab of the SDAR tokenizer.
     "1.7b": dict(
-        vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-        num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
-        mask_token_id=151669, max_position_embeddings=32768,
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
+        mask_token_id=151669,
+        max_position_embeddings=32768,
     ),
     "tiny": dict(
-        vocab_size=4096, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True,
-        mask_token_id=4095, max_position_embeddings=8192,
+        vocab_size=4096,
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        tie_word_embeddings=True,
+        mask_token_id=4095,
+        max_position_embeddings=8192,
     ),
 }
 
 
 def decoder_matmul_params(cfg) -> int:
-    d, h, g, hd, ff = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                       cfg.intermediate_size)
+    d, h, g, hd, ff = (
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        cfg.intermediate_size,
+    )
     return cfg.num_hidden_layers * (2 * d * h * hd + 2 * d * g * hd + 3 * d * ff)
 
 
@@ -173,8 +192,12 @@ def main() -> None:
             try:
                 r = bench_one(args.preset, args.seq_len, batch, bool(ckpt), args.steps, args.warmup)
             except torch.OutOfMemoryError as exc:
-                r = {"preset": args.preset, "batch": batch, "gradient_checkpointing": bool(ckpt),
-                     "error": f"OOM: {exc}"[:200]}
+                r = {
+                    "preset": args.preset,
+                    "batch": batch,
+                    "gradient_checkpointing": bool(ckpt),
+                    "error": f"OOM: {exc}"[:200],
+                }
                 torch.cuda.empty_cache()
             results.append(r)
             print(json.dumps(r), flush=True)

@@ -154,7 +154,10 @@ async def fill_masks(
     title = "DICE: filling a mask" if single else f"DICE: filling {len(masks)} mask(s)"
     async with work_done_progress(session, title, token) as progress, session.busy("busy", title):
         completion = await service.complete_document(
-            snap.text, mask_indices=[m.index for m in masks], progress=progress, cancel=progress.cancel,
+            snap.text,
+            mask_indices=[m.index for m in masks],
+            progress=progress,
+            cancel=progress.cancel,
             filename=snap.path.name if snap.path else None,
         )
     if progress.cancel.is_set():

@@ -59,7 +59,10 @@ async def inline_completion(
         async with session.busy("busy", "suggesting"):
             if plan.mask_index is not None:
                 result = await service.complete_document(
-                    plan.text, mask_indices=[plan.mask_index], candidates=n, cancel=ticket.cancel,
+                    plan.text,
+                    mask_indices=[plan.mask_index],
+                    candidates=n,
+                    cancel=ticket.cancel,
                     filename=filename,
                 )
             else:

@@ -8,6 +8,7 @@ PY=${PYTHON:-python3}
 bash scripts/install.sh
 
 "$PY" -m ruff check .
+"$PY" -m ruff format --check .
 
 if [ -f vscode-client/package.json ]; then
     (cd vscode-client && npm ci --no-audit --no-fund && npm test)

@@ -26,27 +26,45 @@ def test_json_for_softmax_example(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_masks(capsys, str(EXAMPLES / "softmax_rows.cu"), "--json")
     assert code == 0, err
     assert json.loads(out) == [
-        {"range": {"start": {"line": 56, "character": 4}, "end": {"line": 56, "character": 19}},
-         "budget": 96, "function": "softmax_rows", "kind": "global"},
-        {"range": {"start": {"line": 76, "character": 4}, "end": {"line": 76, "character": 19}},
-         "budget": 64, "function": "softmax_rows", "kind": "global"},
+        {
+            "range": {"start": {"line": 56, "character": 4}, "end": {"line": 56, "character": 19}},
+            "budget": 96,
+            "function": "softmax_rows",
+            "kind": "global",
+        },
+        {
+            "range": {"start": {"line": 76, "character": 4}, "end": {"line": 76, "character": 19}},
+            "budget": 64,
+            "function": "softmax_rows",
+            "kind": "global",
+        },
     ]
     lines = (EXAMPLES / "softmax_rows.cu").read_text().splitlines()
     assert lines[56][4:19] == "/* <MASK:96> */" and lines[76][4:19] == "/* <MASK:64> */"
 
 
-def test_json_utf16_columns_and_masks_outside_functions(tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_utf16_columns_and_masks_outside_functions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "k.cu"
-    path.write_bytes("/* 😀 */ // <MASK:5>\r\n__device__ float f() {\r\n\t/* é */ /* <MASK> */\r\n}\r\n"
-                     .encode())
+    path.write_bytes(
+        "/* 😀 */ // <MASK:5>\r\n__device__ float f() {\r\n\t/* é */ /* <MASK> */\r\n}\r\n".encode()
+    )
     code, out, _ = run_masks(capsys, str(path), "--json")
     assert code == 0
     assert json.loads(out) == [
-        {"range": {"start": {"line": 0, "character": 9}, "end": {"line": 0, "character": 20}},
-         "budget": 5, "function": None, "kind": None},
-        {"range": {"start": {"line": 2, "character": 9}, "end": {"line": 2, "character": 21}},
-         "budget": None, "function": "f", "kind": "device"},
+        {
+            "range": {"start": {"line": 0, "character": 9}, "end": {"line": 0, "character": 20}},
+            "budget": 5,
+            "function": None,
+            "kind": None,
+        },
+        {
+            "range": {"start": {"line": 2, "character": 9}, "end": {"line": 2, "character": 21}},
+            "budget": None,
+            "function": "f",
+            "kind": "device",
+        },
     ]
 
 
@@ -75,8 +93,9 @@ def test_user_errors(problem: str, tmp_path: Path, capsys: pytest.CaptureFixture
     code, out, err = run_masks(capsys, str(path), "--json")
     assert code == 2
     assert out == ""
-    expected = {"missing": "no such file", "folder": "is a folder",
-                "binary": "not UTF-8 text (byte 23"}[problem]
+    expected = {"missing": "no such file", "folder": "is a folder", "binary": "not UTF-8 text (byte 23"}[
+        problem
+    ]
     assert f"dice: error: {path}: {expected}" in err
     assert "Traceback" not in err
 

@@ -108,24 +108,42 @@ __global__ void scale(float* x, int n) {
 
 def test_finds_exactly_the_masks_with_exact_ranges_and_budgets() -> None:
     doc = parse_document(KERNEL)
-    assert [(m.range.start.line, m.range.start.character, m.range.end.line, m.range.end.character)
-            for m in doc.masks] == [(6, 4, 6, 16), (7, 4, 7, 18), (8, 4, 8, 16), (8, 17, 10, 6)]
+    assert [
+        (m.range.start.line, m.range.start.character, m.range.end.line, m.range.end.character)
+        for m in doc.masks
+    ] == [(6, 4, 6, 16), (7, 4, 7, 18), (8, 4, 8, 16), (8, 17, 10, 6)]
     assert [m.budget for m in doc.masks] == [None, 128, 7, None]
     assert [m.index for m in doc.masks] == [0, 1, 2, 3]
     data = encode_text(KERNEL)
     assert [data[m.start_byte : m.end_byte] for m in doc.masks] == [
-        b"/* <MASK> */", b"//\t<MASK:128>\t", b"/*<MASK:7>*/", b"/*\n       <MASK>\n    */"]
+        b"/* <MASK> */",
+        b"//\t<MASK:128>\t",
+        b"/*<MASK:7>*/",
+        b"/*\n       <MASK>\n    */",
+    ]
     assert all(m.function == "scale" and m.kind == "global" for m in doc.masks)
     assert doc.masks[0].signature == "__global__ void scale(float* x, int n)"
     assert doc.masks[0].to_json() == {
         "range": {"start": {"line": 6, "character": 4}, "end": {"line": 6, "character": 16}},
-        "budget": None, "function": "scale", "kind": "global"}
+        "budget": None,
+        "function": "scale",
+        "kind": "global",
+    }
 
 
-@pytest.mark.parametrize("comment", [
-    "/* <MASK: 0> */", "/* <MASK:0> */", "/* <MASK:x> */", "/* <mask> */", "/* <MASK>> */", "/* MASK */",
-    "// <MASK> and more", "/* <MASK> <MASK> */",
-])
+@pytest.mark.parametrize(
+    "comment",
+    [
+        "/* <MASK: 0> */",
+        "/* <MASK:0> */",
+        "/* <MASK:x> */",
+        "/* <mask> */",
+        "/* <MASK>> */",
+        "/* MASK */",
+        "// <MASK> and more",
+        "/* <MASK> <MASK> */",
+    ],
+)
 def test_near_misses_are_not_masks(comment: str) -> None:
     doc = parse_document(f"__device__ void f() {{\n  {comment}\n}}\n")
     assert doc.masks == []
@@ -164,8 +182,16 @@ float* make(int n) { /* <MASK> */ return nullptr; }
 """
     doc = parse_document(text)
     got = [(m.function, m.kind) for m in doc.masks]
-    assert got == [("square", "device"), ("both", "device"), ("kern", "global"), ("host_only", "host"),
-                   ("get", "device"), ("inner", "global"), ("make", "host"), (None, None)]
+    assert got == [
+        ("square", "device"),
+        ("both", "device"),
+        ("kern", "global"),
+        ("host_only", "host"),
+        ("get", "device"),
+        ("inner", "global"),
+        ("make", "host"),
+        (None, None),
+    ]
     sigs = [m.signature for m in doc.masks]
     assert sigs[0] == "template <typename T> __device__ __forceinline__ T square(T v)"
     assert sigs[2] == "__global__ void __launch_bounds__(256) kern(const float* __restrict__ x)"
@@ -213,13 +239,16 @@ def test_cursor_at_the_end_of_a_kernel_being_typed_is_inside_it(tail: str) -> No
     assert function_at(closed, len(encode_text(closed.text))) is None
 
 
-@pytest.mark.parametrize("text", [
-    "__global__ void k(float* x) {\n  x[0] = ;\n  /* <MASK> */\n}\n}\n}}\n",
-    "}}}{{ __device__ void f( {\n/* <MASK> */ ))) ;;\n",
-    "__global__ void k(float* x {\n  /* <MASK> */\n",
-    "#if 1\n__global__ void k() {\n#else\n/* <MASK> */\n#endif\n",
-    "template <typename T, int> __global__ void k(T* x) { x[0] = static_cast<T>(; /* <MASK> */ }",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "__global__ void k(float* x) {\n  x[0] = ;\n  /* <MASK> */\n}\n}\n}}\n",
+        "}}}{{ __device__ void f( {\n/* <MASK> */ ))) ;;\n",
+        "__global__ void k(float* x {\n  /* <MASK> */\n",
+        "#if 1\n__global__ void k() {\n#else\n/* <MASK> */\n#endif\n",
+        "template <typename T, int> __global__ void k(T* x) { x[0] = static_cast<T>(; /* <MASK> */ }",
+    ],
+)
 def test_masks_survive_syntax_errors(text: str) -> None:
     doc = parse_document(text)
     assert len(doc.masks) == 1
@@ -265,8 +294,10 @@ def test_lone_surrogates_and_nul_do_not_raise() -> None:
 
 
 def test_non_ascii_identifiers_and_comments() -> None:
-    text = ("// Ядро: нормализация строк — 🚀\n__global__ void norm_ü(float* данные, int n) {\n"
-            "\tfloat café = данные[0]; /* коммент 😀 */\t/* <MASK:16> */\n}\n")
+    text = (
+        "// Ядро: нормализация строк — 🚀\n__global__ void norm_ü(float* данные, int n) {\n"
+        "\tfloat café = данные[0]; /* коммент 😀 */\t/* <MASK:16> */\n}\n"
+    )
     doc = parse_document(text)
     (mask,) = doc.masks
     line = text.splitlines()[2]
@@ -298,22 +329,28 @@ def test_five_megabyte_file() -> None:
 
 
 def test_dice_spec_is_read_not_run() -> None:
-    text = ("// header\n/* dice-spec\n    import torch\n\n    def inputs():\n        return [torch.ones(3)]\n"
-            "    raise SystemExit('never executed')\n*/\n__global__ void k() {}\n")
+    text = (
+        "// header\n/* dice-spec\n    import torch\n\n    def inputs():\n        return [torch.ones(3)]\n"
+        "    raise SystemExit('never executed')\n*/\n__global__ void k() {}\n"
+    )
     doc = parse_document(text)
     assert doc.spec is not None
-    assert doc.spec.source == ("import torch\n\ndef inputs():\n    return [torch.ones(3)]\n"
-                               "raise SystemExit('never executed')\n")
+    assert doc.spec.source == (
+        "import torch\n\ndef inputs():\n    return [torch.ones(3)]\nraise SystemExit('never executed')\n"
+    )
     assert doc.spec.line_offset == 2
     assert text.splitlines()[doc.spec.line_offset].strip() == "import torch"
     assert doc.spec.range.start == Position(1, 0)
 
 
-@pytest.mark.parametrize("text", [
-    "// dice-spec\n// x = 1\n",
-    'const char* s = "/* dice-spec\\nx = 1 */";\n',
-    "/* not a dice-spec */\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "// dice-spec\n// x = 1\n",
+        'const char* s = "/* dice-spec\\nx = 1 */";\n',
+        "/* not a dice-spec */\n",
+    ],
+)
 def test_things_that_are_not_a_spec(text: str) -> None:
     assert parse_document(text).spec is None
 
@@ -326,11 +363,14 @@ def test_crlf_spec_source_has_unix_newlines() -> None:
 # --------------------------------------------------------------------------------------------- examples
 
 
-@pytest.mark.parametrize(("name", "expected"), [
-    ("vector_add.cu", [("vector_add", "global", None)]),
-    ("softmax_rows.cu", [("softmax_rows", "global", 96), ("softmax_rows", "global", 64)]),
-    ("tiled_matmul.cu", [("tiled_matmul", "global", 128)]),
-])
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("vector_add.cu", [("vector_add", "global", None)]),
+        ("softmax_rows.cu", [("softmax_rows", "global", 96), ("softmax_rows", "global", 64)]),
+        ("tiled_matmul.cu", [("tiled_matmul", "global", 128)]),
+    ],
+)
 def test_examples_masks(name: str, expected: list[tuple[str, str, int | None]]) -> None:
     doc = parse_document((EXAMPLES / name).read_text())
     assert [(m.function, m.kind, m.budget) for m in doc.masks] == expected

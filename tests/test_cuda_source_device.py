@@ -23,9 +23,11 @@ def nvrtc_include_dirs() -> list[str]:
     """CUDA headers from the pip CUDA runtime (or a toolkit) and libcu++ as CuPy ships it."""
     dirs: list[str] = []
     for base in sys.path:
-        for candidate in (Path(base) / "nvidia" / "cu13" / "include",
-                          Path(base) / "nvidia" / "cuda_runtime" / "include",
-                          Path(base) / "cupy" / "_core" / "include" / "cupy" / "_cccl" / "libcudacxx"):
+        for candidate in (
+            Path(base) / "nvidia" / "cu13" / "include",
+            Path(base) / "nvidia" / "cuda_runtime" / "include",
+            Path(base) / "cupy" / "_core" / "include" / "cupy" / "_cccl" / "libcudacxx",
+        ):
             if candidate.is_dir() and str(candidate) not in dirs:
                 dirs.append(str(candidate))
     if Path("/usr/local/cuda/include").is_dir():
@@ -132,17 +134,45 @@ int fallback() { return 0; }
 int main() { float* d; cudaMalloc(&d, 4); k<<<1, 1>>>(d, 1); }
 """
     device = extract_device_code(text)
-    kept = ["#include <cuda_fp16.h>", '#include "my_helpers.cuh"', "#include <cuda/std/cstdint>",
-            "#define BLOCK 128", "typedef float real;", "using index_t = int;", "struct Pair",
-            "enum class Mode",
-            "constexpr int kTile = 16;", "static const float kScale = 0.5f;", "__constant__ float weights",
-            "__device__ int counter;", "__global__ void k(float* x, int n);",
-            "__host__ __device__ constexpr int cdiv", "DEV float twice", "template <typename T> __device__ T",
-            "namespace cg = cooperative_groups;", "__device__ float inc", "__global__ void k2",
-            "#ifdef __CUDACC__", "#else", "#endif", "using cuda::std::int32_t;"]
-    dropped = ["<iostream>", "host_buffer", "host_counter", "void launch", "host_square",
-               "using namespace std;", "host_inc", "host_in_c", "int fallback", "int main", "cudaMalloc",
-               "<<<"]
+    kept = [
+        "#include <cuda_fp16.h>",
+        '#include "my_helpers.cuh"',
+        "#include <cuda/std/cstdint>",
+        "#define BLOCK 128",
+        "typedef float real;",
+        "using index_t = int;",
+        "struct Pair",
+        "enum class Mode",
+        "constexpr int kTile = 16;",
+        "static const float kScale = 0.5f;",
+        "__constant__ float weights",
+        "__device__ int counter;",
+        "__global__ void k(float* x, int n);",
+        "__host__ __device__ constexpr int cdiv",
+        "DEV float twice",
+        "template <typename T> __device__ T",
+        "namespace cg = cooperative_groups;",
+        "__device__ float inc",
+        "__global__ void k2",
+        "#ifdef __CUDACC__",
+        "#else",
+        "#endif",
+        "using cuda::std::int32_t;",
+    ]
+    dropped = [
+        "<iostream>",
+        "host_buffer",
+        "host_counter",
+        "void launch",
+        "host_square",
+        "using namespace std;",
+        "host_inc",
+        "host_in_c",
+        "int fallback",
+        "int main",
+        "cudaMalloc",
+        "<<<",
+    ]
     for piece in kept:
         assert piece in device.source, piece
     for piece in dropped:
@@ -164,8 +194,15 @@ def test_device_only_file_is_unchanged_and_flags_no_host_code() -> None:
 
 
 def test_extraction_never_raises_on_broken_input() -> None:
-    for text in ("", "}}}", "__global__ void k( {", "int main() {", "\x00\xff junk <<<>>>", "#include <",
-                 "template <typename T"):
+    for text in (
+        "",
+        "}}}",
+        "__global__ void k( {",
+        "int main() {",
+        "\x00\xff junk <<<>>>",
+        "#include <",
+        "template <typename T",
+    ):
         device = extract_device_code(text)
         assert len(device.line_map) == len(device.source.splitlines())
 
@@ -173,9 +210,15 @@ def test_extraction_never_raises_on_broken_input() -> None:
 def test_kernelbench_solution_cuda_string_device_part_compiles() -> None:
     """The device half of the KernelBench solution's load_inline source compiles; the file is not run."""
     module = ast.parse((EXAMPLES / "solutions" / "kernelbench_softmax.py").read_text())
-    sources = {target.id: node.value.value for node in module.body if isinstance(node, ast.Assign)
-               for target in node.targets if isinstance(target, ast.Name)
-               and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)}
+    sources = {
+        target.id: node.value.value
+        for node in module.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    }
     device = extract_device_code(sources["softmax_source"])
     assert device.has_host_code  # the torch wrapper with its <<<>>> launch
     assert "torch::Tensor" not in device.source
@@ -215,30 +258,37 @@ def test_example_specs_pass_with_the_solution_and_fail_with_holes(name: str) -> 
         text = (EXAMPLES / variant / name if variant == "solutions" else EXAMPLES / name).read_text()
         doc = parse_document(text)
         kernels = [f.name for f in doc.functions if f.kind == "global"]
-        raw = cupy.RawModule(code=extract_device_code(text).source, options=("-std=c++17",),
-                             name_expressions=kernels)
+        raw = cupy.RawModule(
+            code=extract_device_code(text).source, options=("-std=c++17",), name_expressions=kernels
+        )
         namespace: dict[str, Any] = {"__name__": "dice_spec"}
         exec(compile(doc.spec.source, f"{name} (dice-spec)", "exec"), namespace)  # the example's own spec
         inputs = namespace["inputs"]()
         expected = namespace["reference"](*inputs)
         got = namespace["launch"](_TorchArgs(raw), *inputs)
         torch.cuda.synchronize()
-        outcomes[variant] = torch.allclose(got, expected, atol=namespace.get("atol", 1e-2),
-                                           rtol=namespace.get("rtol", 1e-2))
+        outcomes[variant] = torch.allclose(
+            got, expected, atol=namespace.get("atol", 1e-2), rtol=namespace.get("rtol", 1e-2)
+        )
     assert outcomes == {"solutions": True, "examples": False}
 
 
-@pytest.mark.parametrize(("body", "expect"), [
-    ("x[0] = INFINITY + M_PI;", "#include <cuda/std/cmath>"),
-    ("int64_t i = n; x[0] = (float)i;", "using cuda::std::int64_t;"),
-    ("x[0] = std::max(x[1], x[2]) + std::sqrt(x[3]);", "using ::max;"),
-    ("x[0] = std::numeric_limits<float>::lowest();", "#include <cuda/std/limits>"),
-    ("x[0] = FLT_MAX;", "#include <cuda/std/cfloat>"),
-])
+@pytest.mark.parametrize(
+    ("body", "expect"),
+    [
+        ("x[0] = INFINITY + M_PI;", "#include <cuda/std/cmath>"),
+        ("int64_t i = n; x[0] = (float)i;", "using cuda::std::int64_t;"),
+        ("x[0] = std::max(x[1], x[2]) + std::sqrt(x[3]);", "using ::max;"),
+        ("x[0] = std::numeric_limits<float>::lowest();", "#include <cuda/std/limits>"),
+        ("x[0] = FLT_MAX;", "#include <cuda/std/cfloat>"),
+    ],
+)
 def test_standard_names_that_nvcc_makes_visible_compile_under_nvrtc(body: str, expect: str) -> None:
     """torch/extension.h (or nvcc's implicit <math.h>) makes these visible; NVRTC needs libcu++ twins."""
-    text = f"#include <torch/extension.h>\n\n__global__ void k(float* x, int n) {{\n    {body}\n}}\n" \
-           "torch::Tensor run(torch::Tensor x) { return x; }\n"
+    text = (
+        f"#include <torch/extension.h>\n\n__global__ void k(float* x, int n) {{\n    {body}\n}}\n"
+        "torch::Tensor run(torch::Tensor x) { return x; }\n"
+    )
     device = extract_device_code(text)
     assert expect in device.source
     assert "torch" not in device.source
@@ -249,8 +299,10 @@ def test_standard_names_that_nvcc_makes_visible_compile_under_nvrtc(body: str, e
 
 
 def test_host_only_std_use_adds_no_headers() -> None:
-    text = "#include <cstdio>\n#include <cmath>\n__global__ void k(float* x) { x[0] = expf(x[1]); }\n" \
-           "int main() { std::printf(\"%f\", std::sqrt(2.0)); }\n"
+    text = (
+        "#include <cstdio>\n#include <cmath>\n__global__ void k(float* x) { x[0] = expf(x[1]); }\n"
+        'int main() { std::printf("%f", std::sqrt(2.0)); }\n'
+    )
     device = extract_device_code(text)
     assert "#include" not in device.source
     assert set(device.dropped_includes) == {"cstdio", "cmath"}
@@ -270,12 +322,17 @@ def test_real_kernelbench_cuda_sources_compile_after_extraction(shared_data: Pat
             module = ast.parse(match.group(1) if match else row["answer"])
         except SyntaxError:
             continue
-        sources += [node.value for node in ast.walk(module) if isinstance(node, ast.Constant)
-                    and isinstance(node.value, str) and "__global__" in node.value
-                    and not parse_document(node.value).has_errors]  # a few answers are cut off mid-kernel
+        sources += [
+            node.value
+            for node in ast.walk(module)
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and "__global__" in node.value
+            and not parse_document(node.value).has_errors
+        ]  # a few answers are cut off mid-kernel
     assert len(sources) >= 12
     failures = []
-    for source in sources[::max(1, len(sources) // 12)][:12]:
+    for source in sources[:: max(1, len(sources) // 12)][:12]:
         device = extract_device_code(source)
         assert device.has_host_code and "<<<" not in device.source
         ok, log = nvrtc_compile(device.source)
@@ -309,8 +366,15 @@ __global__ void k(P p, Q<float> q, Q<float>::In in, int* o) {
     device = extract_device_code(text)
     for gone in (" get()", "explicit Q", " conv()", "make(", " f()", "Launcher", "Holder", "torch"):
         assert gone not in device.source, gone
-    for kept in ("Q() = default;", "__device__ T dget()", "__device__ U dconv()", "int size() const;",
-                 "__device__ int g()", "__host__ __device__ constexpr int width()", "struct In { int z;"):
+    for kept in (
+        "Q() = default;",
+        "__device__ T dget()",
+        "__device__ U dconv()",
+        "int size() const;",
+        "__device__ int g()",
+        "__host__ __device__ constexpr int width()",
+        "struct In { int z;",
+    ):
         assert kept in device.source, kept
     ok, log = nvrtc_compile(device.source)
     assert ok, log
@@ -337,13 +401,18 @@ HOST_ITEMS = [
 ]
 
 
-@given(st.lists(st.tuples(st.booleans(), st.integers(0, 7), st.integers(0, 4)), max_size=14),
-       st.sampled_from(["\n", "\r\n"]))
+@given(
+    st.lists(st.tuples(st.booleans(), st.integers(0, 7), st.integers(0, 4)), max_size=14),
+    st.sampled_from(["\n", "\r\n"]),
+)
 @settings(max_examples=80, deadline=None)
 def test_generated_files_keep_device_items_verbatim_with_exact_lines(
-        plan: list[tuple[bool, int, int]], newline: str) -> None:
-    items = [(DEVICE_ITEMS[d].format(i=n) if device else HOST_ITEMS[h].format(i=n), device)
-             for n, (device, d, h) in enumerate(plan)]
+    plan: list[tuple[bool, int, int]], newline: str
+) -> None:
+    items = [
+        (DEVICE_ITEMS[d].format(i=n) if device else HOST_ITEMS[h].format(i=n), device)
+        for n, (device, d, h) in enumerate(plan)
+    ]
     text = "".join(item for item, _ in items).replace("\n", newline)
     device = extract_device_code(text)
     original = text.replace("\r\n", "\n").split("\n")

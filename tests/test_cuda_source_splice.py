@@ -58,8 +58,9 @@ SOURCE = "__global__ void k(float* y) {\r\n\t/* <MASK> */ // 😀\r\n\ty[1] = 0;
 
 def test_splice_replaces_only_the_masks() -> None:
     result = splice(SOURCE, {0: "y[0] = 1.0f; /* é */", 1: "y[2] = 2.0f;"})
-    assert result.text == ("__global__ void k(float* y) {\r\n\ty[0] = 1.0f; /* é */ // 😀\r\n"
-                           "\ty[1] = 0; y[2] = 2.0f;\r\n}\r\n")
+    assert result.text == (
+        "__global__ void k(float* y) {\r\n\ty[0] = 1.0f; /* é */ // 😀\r\n\ty[1] = 0; y[2] = 2.0f;\r\n}\r\n"
+    )
     assert apply_lsp_edits(SOURCE, result.edits) == result.text
     assert [(e.range.start.line, e.range.start.character) for e in result.edits] == [(1, 1), (2, 11)]
 
@@ -68,7 +69,7 @@ def test_splice_some_masks_and_none() -> None:
     result = splice(SOURCE, {1: "int z;"})
     assert "/* <MASK> */" in result.text and "<MASK:8>" not in result.text
     assert len(result.edits) == 1
-    assert splice(SOURCE, {}) .text == SOURCE
+    assert splice(SOURCE, {}).text == SOURCE
     assert splice(SOURCE, {}).edits == []
     # Filling a mask with its own text is no change at all.
     assert splice(SOURCE, {0: "/* <MASK> */"}).edits == []
@@ -124,20 +125,50 @@ def test_solutions_are_the_examples_with_masks_filled(name: str) -> None:
 # ----------------------------------------------------------------------- generated documents (hypothesis)
 
 # Pieces of a CUDA file. Each tuple: (text, mask budget or False when the piece is not a mask).
-CODE = st.sampled_from([
-    "int i = threadIdx.x;", "x[i] = 2.0f * x[i];", "{", "}", "(", ")", ";", " ", "\t", "\n", "\r\n",
-    "__global__ void k(float* x) {", "__device__ float f(float a) {", "if (i < n) {", "return;",
-    "float café = 1.0f;", "// ordinary comment 😀\n", "/* block\r\n comment é */", "R\"(raw /* <MASK> */)\"",
-    '"/* <MASK> */"', '"// <MASK:4>"', "'<'", "/* TODO <MASK> later */", "// see <MASK:3> below\n",
-    "#define N 4\n", "#include <cuda_fp16.h>\n", "\u00a0", "𝑥", "🚀", "\x00",
-])
+CODE = st.sampled_from(
+    [
+        "int i = threadIdx.x;",
+        "x[i] = 2.0f * x[i];",
+        "{",
+        "}",
+        "(",
+        ")",
+        ";",
+        " ",
+        "\t",
+        "\n",
+        "\r\n",
+        "__global__ void k(float* x) {",
+        "__device__ float f(float a) {",
+        "if (i < n) {",
+        "return;",
+        "float café = 1.0f;",
+        "// ordinary comment 😀\n",
+        "/* block\r\n comment é */",
+        'R"(raw /* <MASK> */)"',
+        '"/* <MASK> */"',
+        '"// <MASK:4>"',
+        "'<'",
+        "/* TODO <MASK> later */",
+        "// see <MASK:3> below\n",
+        "#define N 4\n",
+        "#include <cuda_fp16.h>\n",
+        "\u00a0",
+        "𝑥",
+        "🚀",
+        "\x00",
+    ]
+)
 MASK = st.builds(
     lambda style, pad1, pad2, budget: (
         (f"/*{pad1}<MASK{'' if budget is None else f':{budget}'}>{pad2}*/", budget, "block")
-        if style == "block" else (f"//{pad1}<MASK{'' if budget is None else f':{budget}'}>{pad2}", budget,
-                                  "line")),
-    st.sampled_from(["block", "line"]), st.sampled_from(["", " ", "  ", "\t"]),
-    st.sampled_from(["", " ", "\t "]), st.one_of(st.none(), st.integers(1, 4096)),
+        if style == "block"
+        else (f"//{pad1}<MASK{'' if budget is None else f':{budget}'}>{pad2}", budget, "line")
+    ),
+    st.sampled_from(["block", "line"]),
+    st.sampled_from(["", " ", "  ", "\t"]),
+    st.sampled_from(["", " ", "\t "]),
+    st.one_of(st.none(), st.integers(1, 4096)),
 )
 PIECES = st.lists(st.one_of(CODE.map(lambda c: (c, None, None)), MASK), max_size=40)
 
@@ -201,7 +232,11 @@ def test_splice_round_trips(pieces: list[tuple[str, int | None, str | None]], da
             marker = {i: f"/* <MASK:{9000 + i}> */" for i in fills}
             marked = splice(text, marker, doc=doc).text
             marked_doc = parse_document(marked)
-            restore = {m.index: original[doc.masks[m.budget - 9000].start_byte :
-                                         doc.masks[m.budget - 9000].end_byte].decode("utf-8", "surrogatepass")
-                       for m in marked_doc.masks if m.budget is not None and m.budget >= 9000}
+            restore = {
+                m.index: original[
+                    doc.masks[m.budget - 9000].start_byte : doc.masks[m.budget - 9000].end_byte
+                ].decode("utf-8", "surrogatepass")
+                for m in marked_doc.masks
+                if m.budget is not None and m.budget >= 9000
+            }
             assert splice(marked, restore).text == text

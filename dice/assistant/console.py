@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 def verdict_label(verdict: Verdict | None) -> str:
-    """"compiled ✓ · correct ✓ · 2.3× vs PyTorch" and friends: the one-line summary users see."""
+    """ "compiled ✓ · correct ✓ · 2.3× vs PyTorch" and friends: the one-line summary users see."""
     if verdict is None:
         return "not validated"
     label = verdict.summary()
@@ -81,24 +81,49 @@ class ProgressDisplay:
 def add_settings_arguments(parser: argparse.ArgumentParser, *, count_flag: str, count_default: int) -> None:
     """Model selection and decoding flags; defaults are AssistantSettings' (the LSP's) except where noted."""
     d = AssistantSettings()
-    parser.add_argument("--model", metavar="PATH",
-                        help="checkpoint folder (default: $DICE_MODEL, else the embedded model)")
-    parser.add_argument(count_flag, type=int, default=count_default, metavar="N", dest="count",
-                        help=f"candidates per request (default {count_default}; the first is greedy)")
+    parser.add_argument(
+        "--model", metavar="PATH", help="checkpoint folder (default: $DICE_MODEL, else the embedded model)"
+    )
+    parser.add_argument(
+        count_flag,
+        type=int,
+        default=count_default,
+        metavar="N",
+        dest="count",
+        help=f"candidates per request (default {count_default}; the first is greedy)",
+    )
     parser.add_argument("--device", default=d.device, help="auto, cpu, cuda or cuda:N (default auto)")
-    parser.add_argument("--validation", choices=["none", "compile", "run"], default=d.validation_level,
-                        help="compile only, or also run and time against the reference when a GPU exists")
-    parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, metavar="N",
-                        help="most new tokens per candidate (a <MASK:N> budget lowers it for its mask)")
+    parser.add_argument(
+        "--validation",
+        choices=["none", "compile", "run"],
+        default=d.validation_level,
+        help="compile only, or also run and time against the reference when a GPU exists",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=d.max_new_tokens,
+        metavar="N",
+        help="most new tokens per candidate (a <MASK:N> budget lowers it for its mask)",
+    )
     parser.add_argument("--block-size", type=int, default=d.block_size, metavar="N")
     parser.add_argument("--steps-per-block", type=int, default=d.steps_per_block, metavar="N")
     parser.add_argument("--policy", choices=["static", "dynamic", "entropy"], default=d.policy)
     parser.add_argument("--threshold", type=float, default=d.threshold)
-    parser.add_argument("--temperature", type=float, default=d.sample_temperature,
-                        help="sampling temperature of the candidates after the first (greedy) one")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=d.sample_temperature,
+        help="sampling temperature of the candidates after the first (greedy) one",
+    )
     parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--max-latency-ms", type=int, default=0, metavar="MS",
-                        help="return the best candidate validated within this budget (default: no budget)")
+    parser.add_argument(
+        "--max-latency-ms",
+        type=int,
+        default=0,
+        metavar="MS",
+        help="return the best candidate validated within this budget (default: no budget)",
+    )
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress or messages on stderr")
 
 

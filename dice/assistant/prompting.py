@@ -28,6 +28,7 @@ HoleCut = Literal["byte", "line"]
 MODEL_SETTINGS_FILE = "dice.json"
 _HOLE_CUTS = ("byte", "line")
 
+
 @dataclass(frozen=True)
 class Hole:
     """A span of the document to fill: an explicit mask comment, or a zero-width cursor position.

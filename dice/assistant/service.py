@@ -58,8 +58,9 @@ log = logging.getLogger(__name__)
 class _LRU(Generic[K, V]):
     """A thread-safe LRU map bounded by entry count and, optionally, by the summed ``weight`` of entries."""
 
-    def __init__(self, capacity: int, *, max_weight: int | None = None,
-                 weight: Callable[[V], int] | None = None) -> None:
+    def __init__(
+        self, capacity: int, *, max_weight: int | None = None, weight: Callable[[V], int] | None = None
+    ) -> None:
         self.capacity = capacity
         self.max_weight = max_weight
         self._weigh = weight or (lambda _v: 0)
@@ -106,8 +107,11 @@ class _Fill:
     @classmethod
     def of(cls, completion: Any, text: str | None = None) -> _Fill:
         ids = getattr(completion, "token_ids", None)
-        return cls(completion.text if text is None else text, float(completion.confidence),
-                   None if ids is None else len(ids))
+        return cls(
+            completion.text if text is None else text,
+            float(completion.confidence),
+            None if ids is None else len(ids),
+        )
 
 
 class _Run:
@@ -226,8 +230,9 @@ class AssistantService:
         self._hole_cut: HoleCut = "byte"  # the loaded model's (read_hole_cut), set with _model_info
         self._gpu: bool | None = None
         # documents can be megabytes each: the document cache is also bounded by the text it holds
-        self._documents: _LRU[str, DocumentCompletion] = _LRU(cache_size, max_weight=_DOCUMENT_CACHE_BYTES,
-                                                              weight=_completion_size)
+        self._documents: _LRU[str, DocumentCompletion] = _LRU(
+            cache_size, max_weight=_DOCUMENT_CACHE_BYTES, weight=_completion_size
+        )
         self._programs: _LRU[str, list[RankedProgram]] = _LRU(cache_size)
         self._fills: _LRU[str, list[_Fill]] = _LRU(cache_size * 8)
         self._verdicts: _LRU[str, Verdict] = _LRU(cache_size * 16)
@@ -317,8 +322,13 @@ class AssistantService:
 
     def _model_key(self) -> tuple[Any, ...]:
         info = self._model_info
-        return (self.settings.model_path, os.environ.get("DICE_MODEL"), None if info is None else info.name,
-                None if info is None else info.device, id(self._engine) if not self._owns_engine else None)
+        return (
+            self.settings.model_path,
+            os.environ.get("DICE_MODEL"),
+            None if info is None else info.name,
+            None if info is None else info.device,
+            id(self._engine) if not self._owns_engine else None,
+        )
 
     # ---------------------------------------------------------------- validator ownership
     @property
@@ -377,12 +387,14 @@ class AssistantService:
         doc = parse_document(text)
         for mask in doc.masks:
             if mask.start_byte <= byte_offset <= mask.end_byte:
-                return await self._complete(text, doc, [_hole_of(mask)], {mask.index: mask}, candidates,
-                                            progress, cancel, filename)
+                return await self._complete(
+                    text, doc, [_hole_of(mask)], {mask.index: mask}, candidates, progress, cancel, filename
+                )
         func = function_at(doc, byte_offset)
         if func is None or not (func.body_start_byte < byte_offset < func.body_end_byte):
-            return DocumentCompletion(masks=[], best_text=text, edits=[], from_cache=False,
-                                      model=self._model_info)
+            return DocumentCompletion(
+                masks=[], best_text=text, edits=[], from_cache=False, model=self._model_info
+            )
         pos = doc.index.byte_to_position(byte_offset)
         mask = Mask(
             index=-1,
@@ -396,8 +408,9 @@ class AssistantService:
             function_start_byte=func.start_byte,
             function_end_byte=func.end_byte,
         )
-        return await self._complete(text, doc, [_hole_of(mask)], {-1: mask}, candidates, progress, cancel,
-                                    filename)
+        return await self._complete(
+            text, doc, [_hole_of(mask)], {-1: mask}, candidates, progress, cancel, filename
+        )
 
     async def generate_kernel(
         self,
@@ -436,9 +449,16 @@ class AssistantService:
             self.stats["engine_calls"] += 1
             on_step = run.on_step_factory(respect_deadline=False, message="generating programs")
             outs = self._engine.generate_program(
-                ref_src, n=count, max_new_tokens=budget, block_size=s.block_size,
-                steps_per_block=s.steps_per_block, policy=s.policy, threshold=s.threshold,
-                temperature=temperature, seed=seed, on_step=on_step,
+                ref_src,
+                n=count,
+                max_new_tokens=budget,
+                block_size=s.block_size,
+                steps_per_block=s.steps_per_block,
+                policy=s.policy,
+                threshold=s.threshold,
+                temperature=temperature,
+                seed=seed,
+                on_step=on_step,
             )
             return [_Fill.of(o, extract_program(o.text)) for o in outs]
 
@@ -452,11 +472,15 @@ class AssistantService:
             pool = await asyncio.to_thread(self._pool)
             timing = s.validation_level == "run"
             futures = [pool.submit_kernelbench(ref_src, f.text, timing=timing) for f in fills]
-            verdicts = await self._await_verdicts(run, futures, [None] * len(fills), required=set(),
-                                                  label="validating programs")
+            verdicts = await self._await_verdicts(
+                run, futures, [None] * len(fills), required=set(), label="validating programs"
+            )
         order = rank(fills, verdicts, [f.confidence for f in fills])
-        result = [RankedProgram(source=fills[i].text, verdict=verdicts[i], confidence=fills[i].confidence)
-                  for i in order if s.validation_level == "none" or verdicts[i] is not None]
+        result = [
+            RankedProgram(source=fills[i].text, verdict=verdicts[i], confidence=fills[i].confidence)
+            for i in order
+            if s.validation_level == "none" or verdicts[i] is not None
+        ]
         self._programs.put(key, result)
         return list(result)
 
@@ -470,8 +494,10 @@ class AssistantService:
         prompt_tokens = len(tokenizer.encode(kernelbench_prompt(ref_src)))
         room = limit - prompt_tokens
         if room < 1:
-            raise ValueError(f"the KernelBench prompt for this reference takes {prompt_tokens} tokens: more "
-                             f"than the model's context window ({limit} tokens)")
+            raise ValueError(
+                f"the KernelBench prompt for this reference takes {prompt_tokens} tokens: more "
+                f"than the model's context window ({limit} tokens)"
+            )
         return min(requested, room)
 
     async def validate_document(self, text: str, *, filename: str | None = None) -> Verdict:
@@ -518,14 +544,23 @@ class AssistantService:
         if n < 1:
             raise ValueError(f"candidates must be >= 1, got {n}")
         if not holes:
-            return DocumentCompletion(masks=[], best_text=text, edits=[], from_cache=False,
-                                      model=self._model_info)
+            return DocumentCompletion(
+                masks=[], best_text=text, edits=[], from_cache=False, model=self._model_info
+            )
         t0 = time.perf_counter()
         await self.load(progress)
         loop = asyncio.get_running_loop()
         # the file name is in the key: cached verdicts carry compiler logs that name the file
-        key = _sha("document", text, [(h.index, h.start_byte, h.end_byte) for h in holes], n,
-                   s.decode_key(), s.validation_level, self._model_key(), _display_name(filename))
+        key = _sha(
+            "document",
+            text,
+            [(h.index, h.start_byte, h.end_byte) for h in holes],
+            n,
+            s.decode_key(),
+            s.validation_level,
+            self._model_key(),
+            _display_name(filename),
+        )
         cached = self._documents.get(key)
         if cached is not None:
             self.stats["document_cache_hits"] += 1
@@ -590,9 +625,16 @@ class AssistantService:
             kept_fills = [fills[i][k] for k in keep]
             kept_verdicts = [verdicts[k] for k in keep]
             order = rank(kept_fills, kept_verdicts, [f.confidence for f in kept_fills])
-            ranked = [Candidate(text=kept_fills[k].text, verdict=kept_verdicts[k],
-                                confidence=kept_fills[k].confidence, rank=r, tokens=kept_fills[k].tokens)
-                      for r, k in enumerate(order)]
+            ranked = [
+                Candidate(
+                    text=kept_fills[k].text,
+                    verdict=kept_verdicts[k],
+                    confidence=kept_fills[k].confidence,
+                    rank=r,
+                    tokens=kept_fills[k].tokens,
+                )
+                for r, k in enumerate(order)
+            ]
             chosen[hole.index] = ranked[0].text
             best_verdict = ranked[0].verdict
             results.append(MaskCompletion(mask=masks[hole.index], candidates=ranked))
@@ -626,8 +668,13 @@ class AssistantService:
         s = self.settings
 
         def build(budget: int | None) -> InfillRequest:
-            return build_infill_request(doc, hole, default_max_new_tokens=s.max_new_tokens,
-                                        budget_chars=budget, hole_cut=self._hole_cut)
+            return build_infill_request(
+                doc,
+                hole,
+                default_max_new_tokens=s.max_new_tokens,
+                budget_chars=budget,
+                hole_cut=self._hole_cut,
+            )
 
         limit = _context_tokens(self._engine)
         if limit is None:
@@ -693,14 +740,22 @@ class AssistantService:
         def work() -> list[_Fill]:
             self.stats["engine_calls"] += 1
             decode: dict[str, Any] = dict(
-                block_size=s.block_size, steps_per_block=s.steps_per_block, policy=s.policy,
-                threshold=s.threshold, temperature=temperature or 0.0,
+                block_size=s.block_size,
+                steps_per_block=s.steps_per_block,
+                policy=s.policy,
+                threshold=s.threshold,
+                temperature=temperature or 0.0,
             )
             if temperature is not None:
                 decode["seed"] = s.seed
             outs = engine.infill(
-                req.prefix, req.suffix, context=req.context, n=count, max_new_tokens=req.max_new_tokens,
-                on_step=run.on_step_factory(respect_deadline=respect_deadline, message=label), **decode,
+                req.prefix,
+                req.suffix,
+                context=req.context,
+                n=count,
+                max_new_tokens=req.max_new_tokens,
+                on_step=run.on_step_factory(respect_deadline=respect_deadline, message=label),
+                **decode,
             )
             return [_Fill.of(o, req.mask_fill(o.text)) for o in outs]
 
@@ -733,7 +788,12 @@ class AssistantService:
         for i in missing:
             futures[i] = pool.submit_cu(texts[i], run=(level == "run"), **_name_kwargs(filename))
         fresh = await self._await_verdicts(
-            run, futures, verdicts, required={0}, label="validating candidates", done_before=done_before,
+            run,
+            futures,
+            verdicts,
+            required={0},
+            label="validating candidates",
+            done_before=done_before,
             total=total,
         )
         for i in missing:
@@ -896,5 +956,10 @@ def _describe_engine(engine: Any, model_path: str | None) -> ModelInfo:
             dtype = str(params[0].dtype).removeprefix("torch.")
     path = model_path or os.environ.get("DICE_MODEL") or None
     name = getattr(engine, "name", None) or (Path(path).name if path else "dice-tiny")
-    return ModelInfo(name=str(name), path=path, device=str(getattr(engine, "device", "cpu")),
-                     parameters=int(parameters), dtype=dtype)
+    return ModelInfo(
+        name=str(name),
+        path=path,
+        device=str(getattr(engine, "device", "cpu")),
+        parameters=int(parameters),
+        dtype=dtype,
+    )

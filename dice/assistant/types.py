@@ -144,8 +144,11 @@ class MaskCompletion:
         return self.candidates[0] if self.candidates else None
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.mask.to_json(), "index": self.mask.index,
-                "candidates": [c.to_json() for c in self.candidates]}
+        return {
+            **self.mask.to_json(),
+            "index": self.mask.index,
+            "candidates": [c.to_json() for c in self.candidates],
+        }
 
 
 @dataclass(frozen=True)

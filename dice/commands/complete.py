@@ -28,8 +28,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("file", type=Path, metavar="FILE", help=".cu or .cuh file with masks")
     add_settings_arguments(parser, count_flag="--candidates", count_default=3)
     parser.add_argument("--json", action="store_true", help="print every candidate with its verdict as JSON")
-    parser.add_argument("--write", action="store_true",
-                        help="rewrite FILE with the best fills (refused when nothing compiled)")
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help="rewrite FILE with the best fills (refused when nothing compiled)",
+    )
     parser.add_argument("--force", action="store_true", help="with --write: write even if nothing compiled")
     parser.set_defaults(func=run)
 
@@ -66,8 +69,19 @@ def run(args: argparse.Namespace) -> int:
     doc = parse_document(text)
     if not doc.masks:
         if args.json:
-            print(json.dumps({"file": str(path), "model": None, "masks": [], "best_verdict": None,
-                              "partial": False, "from_cache": False}, indent=2))
+            print(
+                json.dumps(
+                    {
+                        "file": str(path),
+                        "model": None,
+                        "masks": [],
+                        "best_verdict": None,
+                        "partial": False,
+                        "from_cache": False,
+                    },
+                    indent=2,
+                )
+            )
         console.print(f"No masks in {path}: nothing to fill (a mask is a comment such as /* <MASK> */).")
         return 0
     try:
@@ -97,8 +111,10 @@ def run(args: argparse.Namespace) -> int:
                 console.print(f"No dice-spec in {path}: candidates are compile-checked only.")
         elif settings.validation_level == "none":
             console.print("Validation is off: candidates are not compiled.")
-        console.print(f"Filling {len(doc.masks)} mask{plural} in {path}, {settings.candidates} candidate"
-                      f"{'s' if settings.candidates != 1 else ''} each.")
+        console.print(
+            f"Filling {len(doc.masks)} mask{plural} in {path}, {settings.candidates} candidate"
+            f"{'s' if settings.candidates != 1 else ''} each."
+        )
         with ProgressDisplay(console, enabled=not args.quiet) as display:
             try:
                 result = asyncio.run(service.complete_document(text, progress=display, filename=path.name))
@@ -111,11 +127,15 @@ def run(args: argparse.Namespace) -> int:
         if mc.mask.function:
             where += f" in {mc.mask.function}"
         if best is None:
-            console.print(f"  mask {mc.mask.index} ({where}): no candidate (every fill was blank or only "
-                          "a comment), left as is")
+            console.print(
+                f"  mask {mc.mask.index} ({where}): no candidate (every fill was blank or only "
+                "a comment), left as is"
+            )
             continue
-        console.print(f"  mask {mc.mask.index} ({where}): {verdict_label(best.verdict)} · confidence "
-                      f"{best.confidence:.2f} · {len(mc.candidates)} candidate(s)")
+        console.print(
+            f"  mask {mc.mask.index} ({where}): {verdict_label(best.verdict)} · confidence "
+            f"{best.confidence:.2f} · {len(mc.candidates)} candidate(s)"
+        )
     if len(result.masks) > 1 and result.best_verdict is not None:
         console.print(f"  all fills together: {verdict_label(result.best_verdict)}")
     if result.best_verdict is not None and not result.best_verdict.compiled:
@@ -124,8 +144,10 @@ def run(args: argparse.Namespace) -> int:
         console.print("The latency budget ran out: some candidates were not validated.")
     stats = result.stats
     if stats:
-        console.print(f"Generated in {stats.get('generate_s', 0):.2f}s, validated in "
-                      f"{stats.get('validate_s', 0):.2f}s ({int(stats.get('steps', 0))} denoising steps).")
+        console.print(
+            f"Generated in {stats.get('generate_s', 0):.2f}s, validated in "
+            f"{stats.get('validate_s', 0):.2f}s ({int(stats.get('steps', 0))} denoising steps)."
+        )
 
     if args.json:
         payload = {"file": str(path), **result.to_json()}
@@ -136,18 +158,24 @@ def run(args: argparse.Namespace) -> int:
         verdict = result.best_verdict
         compiled = verdict is not None and verdict.compiled
         if not compiled and not args.force:
-            why = ("validation is off" if settings.validation_level == "none"
-                   else "no candidate combination compiled")
-            raise CliError(f"not writing {path}: {why}; pass --force to write the best-ranked fills anyway",
-                           code=1)
+            why = (
+                "validation is off"
+                if settings.validation_level == "none"
+                else "no candidate combination compiled"
+            )
+            raise CliError(
+                f"not writing {path}: {why}; pass --force to write the best-ranked fills anyway", code=1
+            )
         if read_text_file(path) != text:
-            raise CliError(f"{path} changed on disk while DICE was working; not writing (run it again)",
-                           code=1)
+            raise CliError(
+                f"{path} changed on disk while DICE was working; not writing (run it again)", code=1
+            )
         write_atomically(path, result.best_text)
         console.print(f"Wrote {path} ({len(result.masks)} mask{plural} filled).")
     elif not args.json:
         if result.best_text == text:
-            console.print("No mask got a usable fill: nothing to change (try more --candidates or a "
-                          "larger model).")
+            console.print(
+                "No mask got a usable fill: nothing to change (try more --candidates or a larger model)."
+            )
         sys.stdout.write(unified_diff(path, text, result.best_text))
     return 0

@@ -26,7 +26,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-
 def run(args: argparse.Namespace) -> int:
     doc = parse_document(read_text_file(args.file))
     if args.json:
@@ -45,8 +44,9 @@ def print_table(path: Path, doc: CudaDocument) -> None:
     if not doc.masks:
         console.print(f"{path}: no masks")
     else:
-        table = Table(title=f"{path}: {len(doc.masks)} mask{'s' if len(doc.masks) != 1 else ''}",
-                      title_justify="left")
+        table = Table(
+            title=f"{path}: {len(doc.masks)} mask{'s' if len(doc.masks) != 1 else ''}", title_justify="left"
+        )
         table.add_column("#", justify="right")
         table.add_column("start", justify="right")
         table.add_column("end", justify="right")
@@ -59,7 +59,8 @@ def print_table(path: Path, doc: CudaDocument) -> None:
                 str(mask.index),
                 f"{start.line + 1}:{start.character + 1}",
                 f"{end.line + 1}:{end.character + 1}",
-                str(mask.budget) if mask.budget is not None else "-", mask.kind or "-",
+                str(mask.budget) if mask.budget is not None else "-",
+                mask.kind or "-",
                 mask.function or "(not in a function)",
             )
         console.print(table)

@@ -56,7 +56,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-
 def _wait(future: Any, label: str, *, quiet: bool) -> Any:
     """The future's verdict, with a spinner on stderr while it runs (not for --json or off a terminal)."""
     if quiet or not sys.stderr.isatty():

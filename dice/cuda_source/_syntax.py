@@ -18,17 +18,42 @@ COMMENT_QUERY = tree_sitter.Query(LANGUAGE, "(comment) @comment")
 EXECUTION_SPACES = {"__global__", "__device__", "__host__"}
 # Words that may make up a qualifier macro such as ``#define HD __host__ __device__ __forceinline__``.
 _QUALIFIER_WORDS = EXECUTION_SPACES | {
-    "__forceinline__", "__noinline__", "__inline__", "inline", "static", "extern", "constexpr",
+    "__forceinline__",
+    "__noinline__",
+    "__inline__",
+    "inline",
+    "static",
+    "extern",
+    "constexpr",
 }
 # Nodes whose children may be definitions: namespace and class scopes, linkage and #if blocks, and ERROR
 # nodes (a half-typed definition leaves its pieces, and often the definitions after it, inside one).
-_SCOPE_TYPES = frozenset({
-    "translation_unit", "declaration_list", "namespace_definition", "linkage_specification", "preproc_if",
-    "preproc_ifdef", "preproc_else", "preproc_elif", "preproc_elifdef", "ERROR", "class_specifier",
-    "struct_specifier", "union_specifier", "field_declaration_list", "declaration", "field_declaration",
-})
-DECLARATOR_WRAPPERS = {"pointer_declarator", "reference_declarator", "attributed_declarator",
-                        "parenthesized_declarator"}
+_SCOPE_TYPES = frozenset(
+    {
+        "translation_unit",
+        "declaration_list",
+        "namespace_definition",
+        "linkage_specification",
+        "preproc_if",
+        "preproc_ifdef",
+        "preproc_else",
+        "preproc_elif",
+        "preproc_elifdef",
+        "ERROR",
+        "class_specifier",
+        "struct_specifier",
+        "union_specifier",
+        "field_declaration_list",
+        "declaration",
+        "field_declaration",
+    }
+)
+DECLARATOR_WRAPPERS = {
+    "pointer_declarator",
+    "reference_declarator",
+    "attributed_declarator",
+    "parenthesized_declarator",
+}
 
 _local = threading.local()
 
@@ -84,14 +109,18 @@ def qualifier_macros(defines: list[tree_sitter.Node], data: bytes) -> dict[str, 
         if name is None or value is None:
             continue
         words = node_text(data, value).split()
-        if (words and all(w in _QUALIFIER_WORDS or w.startswith("__launch_bounds__") for w in words)
-                and EXECUTION_SPACES.intersection(words)):
+        if (
+            words
+            and all(w in _QUALIFIER_WORDS or w.startswith("__launch_bounds__") for w in words)
+            and EXECUTION_SPACES.intersection(words)
+        ):
             macros[node_text(data, name)] = frozenset(words)
     return macros
 
 
-def kind_from_specifiers(specifiers: list[tree_sitter.Node], data: bytes,
-                          macros: dict[str, frozenset[str]]) -> FunctionKind:
+def kind_from_specifiers(
+    specifiers: list[tree_sitter.Node], data: bytes, macros: dict[str, frozenset[str]]
+) -> FunctionKind:
     spaces: set[str] = set()
     for node in specifiers:
         if node.type in EXECUTION_SPACES:
@@ -116,8 +145,14 @@ def function_declarator(node: tree_sitter.Node | None) -> tree_sitter.Node | Non
             return None
         nxt = node.child_by_field_name("declarator")
         if nxt is None:
-            nxt = next((c for c in node.named_children if c.type in DECLARATOR_WRAPPERS
-                        or c.type == "function_declarator"), None)
+            nxt = next(
+                (
+                    c
+                    for c in node.named_children
+                    if c.type in DECLARATOR_WRAPPERS or c.type == "function_declarator"
+                ),
+                None,
+            )
         node = nxt
         depth += 1
     return None

@@ -64,24 +64,80 @@ class DeviceCode:
 
 
 # Headers NVRTC opens given the CUDA include directory (device-side CUDA headers, libcu++, CUB, CUTLASS).
-_DEVICE_HEADERS = frozenset({
-    "cuda_fp16.h", "cuda_fp16.hpp", "cuda_bf16.h", "cuda_bf16.hpp", "cuda_fp8.h", "cuda_fp8.hpp",
-    "cuda_fp6.h", "cuda_fp6.hpp", "cuda_fp4.h", "cuda_fp4.hpp", "mma.h", "cooperative_groups.h",
-    "cuda_pipeline.h", "cuda_pipeline_primitives.h", "cuda_pipeline_helpers.h", "cuda_awbarrier.h",
-    "cuda_awbarrier_primitives.h", "cuda_awbarrier_helpers.h", "curand_kernel.h", "math_constants.h",
-    "vector_types.h", "vector_functions.h", "sm_20_intrinsics.h", "sm_30_intrinsics.h",
-    "sm_32_intrinsics.h", "sm_35_intrinsics.h", "sm_61_intrinsics.h", "cuda_texture_types.h",
-    "cuda_surface_types.h",
-})
+_DEVICE_HEADERS = frozenset(
+    {
+        "cuda_fp16.h",
+        "cuda_fp16.hpp",
+        "cuda_bf16.h",
+        "cuda_bf16.hpp",
+        "cuda_fp8.h",
+        "cuda_fp8.hpp",
+        "cuda_fp6.h",
+        "cuda_fp6.hpp",
+        "cuda_fp4.h",
+        "cuda_fp4.hpp",
+        "mma.h",
+        "cooperative_groups.h",
+        "cuda_pipeline.h",
+        "cuda_pipeline_primitives.h",
+        "cuda_pipeline_helpers.h",
+        "cuda_awbarrier.h",
+        "cuda_awbarrier_primitives.h",
+        "cuda_awbarrier_helpers.h",
+        "curand_kernel.h",
+        "math_constants.h",
+        "vector_types.h",
+        "vector_functions.h",
+        "sm_20_intrinsics.h",
+        "sm_30_intrinsics.h",
+        "sm_32_intrinsics.h",
+        "sm_35_intrinsics.h",
+        "sm_61_intrinsics.h",
+        "cuda_texture_types.h",
+        "cuda_surface_types.h",
+    }
+)
 _DEVICE_HEADER_PREFIXES = ("cooperative_groups/", "cuda/", "cub/", "cute/", "cutlass/", "nv/", "crt/")
 # C and C++ standard headers with a libcu++ twin that NVRTC can open.
 _LIBCUXX_TWINS = {
-    **{name: name for name in (
-        "array", "atomic", "bit", "bitset", "cassert", "cfloat", "climits", "cmath", "complex", "concepts",
-        "cstddef", "cstdint", "cstdlib", "cstring", "functional", "limits", "numbers", "numeric", "optional",
-        "ratio", "span", "tuple", "type_traits", "utility", "variant")},
-    "stdint.h": "cstdint", "float.h": "cfloat", "limits.h": "climits", "math.h": "cmath",
-    "stddef.h": "cstddef", "stdlib.h": "cstdlib", "string.h": "cstring", "assert.h": "cassert",
+    **{
+        name: name
+        for name in (
+            "array",
+            "atomic",
+            "bit",
+            "bitset",
+            "cassert",
+            "cfloat",
+            "climits",
+            "cmath",
+            "complex",
+            "concepts",
+            "cstddef",
+            "cstdint",
+            "cstdlib",
+            "cstring",
+            "functional",
+            "limits",
+            "numbers",
+            "numeric",
+            "optional",
+            "ratio",
+            "span",
+            "tuple",
+            "type_traits",
+            "utility",
+            "variant",
+        )
+    },
+    "stdint.h": "cstdint",
+    "float.h": "cfloat",
+    "limits.h": "climits",
+    "math.h": "cmath",
+    "stddef.h": "cstddef",
+    "stdlib.h": "cstdlib",
+    "string.h": "cstring",
+    "assert.h": "cassert",
 }
 # `namespace cuda { namespace std {} }` first: <cuda/std/cfloat> and <cuda/std/climits> are macros only.
 _STD_ALIAS = "namespace cuda { namespace std {} } namespace std { using namespace cuda::std; }"
@@ -89,50 +145,168 @@ _STD_ALIAS = "namespace cuda { namespace std {} } namespace std { using namespac
 _STD_MINMAX = "namespace std { using ::max; using ::min; }"
 # POSIX constants <math.h> gives under nvcc but libcu++ does not define.
 _MATH_MACROS = {
-    "M_PI": "3.14159265358979323846", "M_PI_2": "1.57079632679489661923", "M_PI_4": "0.78539816339744830962",
-    "M_1_PI": "0.31830988618379067154", "M_2_PI": "0.63661977236758134308",
-    "M_2_SQRTPI": "1.12837916709551257390", "M_SQRT2": "1.41421356237309504880",
-    "M_SQRT1_2": "0.70710678118654752440", "M_E": "2.7182818284590452354", "M_LN2": "0.69314718055994530942",
-    "M_LN10": "2.30258509299404568402", "M_LOG2E": "1.4426950408889634074",
+    "M_PI": "3.14159265358979323846",
+    "M_PI_2": "1.57079632679489661923",
+    "M_PI_4": "0.78539816339744830962",
+    "M_1_PI": "0.31830988618379067154",
+    "M_2_PI": "0.63661977236758134308",
+    "M_2_SQRTPI": "1.12837916709551257390",
+    "M_SQRT2": "1.41421356237309504880",
+    "M_SQRT1_2": "0.70710678118654752440",
+    "M_E": "2.7182818284590452354",
+    "M_LN2": "0.69314718055994530942",
+    "M_LN10": "2.30258509299404568402",
+    "M_LOG2E": "1.4426950408889634074",
     "M_LOG10E": "0.43429448190325182765",
 }
 # <cstdint> puts the fixed-width types in the global namespace too; kernels use them unqualified.
-_GLOBAL_INT_TYPES = "using cuda::std::int8_t; using cuda::std::int16_t; using cuda::std::int32_t; " \
-    "using cuda::std::int64_t; using cuda::std::uint8_t; using cuda::std::uint16_t; " \
-    "using cuda::std::uint32_t; using cuda::std::uint64_t; using cuda::std::intptr_t; " \
+_GLOBAL_INT_TYPES = (
+    "using cuda::std::int8_t; using cuda::std::int16_t; using cuda::std::int32_t; "
+    "using cuda::std::int64_t; using cuda::std::uint8_t; using cuda::std::uint16_t; "
+    "using cuda::std::uint32_t; using cuda::std::uint64_t; using cuda::std::intptr_t; "
     "using cuda::std::uintptr_t;"
+)
 
 # What makes a standard header needed by the device code (besides any use of namespace std).
-_INT_TYPES = frozenset({f"{u}int{n}_t" for u in ("", "u") for n in (8, 16, 32, 64)}
-                       | {"intptr_t", "uintptr_t", "intmax_t", "uintmax_t"})
+_INT_TYPES = frozenset(
+    {f"{u}int{n}_t" for u in ("", "u") for n in (8, 16, 32, 64)}
+    | {"intptr_t", "uintptr_t", "intmax_t", "uintmax_t"}
+)
 _TWIN_NAMES = {
     "cstdint": _INT_TYPES,
     "cmath": frozenset({"INFINITY", "NAN", "HUGE_VAL", "HUGE_VALF", "FP_NAN", "FP_INFINITE"}),
-    "climits": frozenset({"CHAR_BIT", "SCHAR_MIN", "SCHAR_MAX", "UCHAR_MAX", "CHAR_MIN", "CHAR_MAX",
-                          "SHRT_MIN", "SHRT_MAX", "USHRT_MAX", "INT_MIN", "INT_MAX", "UINT_MAX", "LONG_MIN",
-                          "LONG_MAX", "ULONG_MAX", "LLONG_MIN", "LLONG_MAX", "ULLONG_MAX"}),
+    "climits": frozenset(
+        {
+            "CHAR_BIT",
+            "SCHAR_MIN",
+            "SCHAR_MAX",
+            "UCHAR_MAX",
+            "CHAR_MIN",
+            "CHAR_MAX",
+            "SHRT_MIN",
+            "SHRT_MAX",
+            "USHRT_MAX",
+            "INT_MIN",
+            "INT_MAX",
+            "UINT_MAX",
+            "LONG_MIN",
+            "LONG_MAX",
+            "ULONG_MAX",
+            "LLONG_MIN",
+            "LLONG_MAX",
+            "ULLONG_MAX",
+        }
+    ),
     "cstddef": frozenset({"ptrdiff_t", "max_align_t"}),
 }
 # Twins chosen by what the code uses; any other twin (<array>, <tuple>...) is kept when `std` is used.
-_BY_USAGE = frozenset({"cstdint", "cmath", "climits", "cfloat", "cstddef", "limits", "type_traits",
-                       "utility"})
-_TWIN_PREFIXES = {"cstdint": ("INT8_", "INT16_", "INT32_", "INT64_", "UINT8_", "UINT16_", "UINT32_",
-                              "UINT64_", "INTPTR_", "UINTPTR_", "SIZE_MAX"),
-                  "cfloat": ("FLT_", "DBL_", "LDBL_")}
-_CMATH_FUNCTIONS = frozenset({
-    "sqrt", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "pow", "fabs", "abs", "floor", "ceil",
-    "round", "trunc", "tanh", "tan", "sin", "cos", "sinh", "cosh", "asin", "acos", "atan", "atan2", "erf",
-    "erfc", "fmax", "fmin", "fma", "isinf", "isnan", "isfinite", "cbrt", "hypot", "copysign", "signbit",
-    "fmod", "lgamma", "tgamma", "rint", "nearbyint",
-})
-_TYPE_TRAITS = frozenset({"is_same", "enable_if", "enable_if_t", "conditional", "conditional_t",
-                          "is_floating_point", "is_integral", "is_signed", "is_unsigned", "remove_cv",
-                          "remove_reference", "decay", "is_same_v", "integral_constant", "true_type",
-                          "false_type", "remove_cv_t", "decay_t", "is_arithmetic"})
+_BY_USAGE = frozenset(
+    {"cstdint", "cmath", "climits", "cfloat", "cstddef", "limits", "type_traits", "utility"}
+)
+_TWIN_PREFIXES = {
+    "cstdint": (
+        "INT8_",
+        "INT16_",
+        "INT32_",
+        "INT64_",
+        "UINT8_",
+        "UINT16_",
+        "UINT32_",
+        "UINT64_",
+        "INTPTR_",
+        "UINTPTR_",
+        "SIZE_MAX",
+    ),
+    "cfloat": ("FLT_", "DBL_", "LDBL_"),
+}
+_CMATH_FUNCTIONS = frozenset(
+    {
+        "sqrt",
+        "exp",
+        "exp2",
+        "expm1",
+        "log",
+        "log2",
+        "log10",
+        "log1p",
+        "pow",
+        "fabs",
+        "abs",
+        "floor",
+        "ceil",
+        "round",
+        "trunc",
+        "tanh",
+        "tan",
+        "sin",
+        "cos",
+        "sinh",
+        "cosh",
+        "asin",
+        "acos",
+        "atan",
+        "atan2",
+        "erf",
+        "erfc",
+        "fmax",
+        "fmin",
+        "fma",
+        "isinf",
+        "isnan",
+        "isfinite",
+        "cbrt",
+        "hypot",
+        "copysign",
+        "signbit",
+        "fmod",
+        "lgamma",
+        "tgamma",
+        "rint",
+        "nearbyint",
+    }
+)
+_TYPE_TRAITS = frozenset(
+    {
+        "is_same",
+        "enable_if",
+        "enable_if_t",
+        "conditional",
+        "conditional_t",
+        "is_floating_point",
+        "is_integral",
+        "is_signed",
+        "is_unsigned",
+        "remove_cv",
+        "remove_reference",
+        "decay",
+        "is_same_v",
+        "integral_constant",
+        "true_type",
+        "false_type",
+        "remove_cv_t",
+        "decay_t",
+        "is_arithmetic",
+    }
+)
 _UTILITY = frozenset({"swap", "pair", "make_pair", "move", "forward", "declval", "exchange"})
 # Byte strings whose absence means no standard header can be needed (a cheap test before walking names).
-_TRIGGER_WORDS = (b"std", b"INFINITY", b"NAN", b"HUGE_VAL", b"int8_t", b"int16_t", b"int32_t", b"int64_t",
-                  b"intptr_t", b"FLT_", b"DBL_", b"_MAX", b"_MIN", b"CHAR_BIT", b"M_")
+_TRIGGER_WORDS = (
+    b"std",
+    b"INFINITY",
+    b"NAN",
+    b"HUGE_VAL",
+    b"int8_t",
+    b"int16_t",
+    b"int32_t",
+    b"int64_t",
+    b"intptr_t",
+    b"FLT_",
+    b"DBL_",
+    b"_MAX",
+    b"_MIN",
+    b"CHAR_BIT",
+    b"M_",
+)
 
 
 def _twins_needed(used: set[str]) -> set[str]:
@@ -157,25 +331,50 @@ def _twins_needed(used: set[str]) -> set[str]:
 
 
 _NAME_QUERY = tree_sitter.Query(
-    LANGUAGE, "[(identifier) (type_identifier) (namespace_identifier) (primitive_type)] @name")
-_MACRO_QUERY = tree_sitter.Query(LANGUAGE, """
+    LANGUAGE, "[(identifier) (type_identifier) (namespace_identifier) (primitive_type)] @name"
+)
+_MACRO_QUERY = tree_sitter.Query(
+    LANGUAGE,
+    """
 [(preproc_def name: (identifier) @name value: (preproc_arg)? @body)
- (preproc_function_def name: (identifier) @name value: (preproc_arg)? @body)]""")
+ (preproc_function_def name: (identifier) @name value: (preproc_arg)? @body)]""",
+)
 # Splits the raw text of a macro body (which tree-sitter does not parse) into identifier-like words.
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _DEVICE_VARIABLE_QUALIFIERS = frozenset({"__constant__", "__device__", "__shared__", "__managed__"})
 _HOST_NAMESPACES = frozenset({"std", "torch", "at", "c10", "pybind11", "py", "thrust", "chrono"})
 _HOST_ONLY_NAMESPACES = frozenset({"torch", "at", "c10", "pybind11", "py"})
-_HOST_STD_TYPES = frozenset({
-    "vector", "string", "map", "unordered_map", "set", "unordered_set", "list", "deque", "shared_ptr",
-    "unique_ptr", "function", "thread", "mutex", "ostream", "istream", "ofstream", "ifstream", "stringstream",
-    "queue", "stack", "basic_string",
-})
+_HOST_STD_TYPES = frozenset(
+    {
+        "vector",
+        "string",
+        "map",
+        "unordered_map",
+        "set",
+        "unordered_set",
+        "list",
+        "deque",
+        "shared_ptr",
+        "unique_ptr",
+        "function",
+        "thread",
+        "mutex",
+        "ostream",
+        "istream",
+        "ofstream",
+        "ifstream",
+        "stringstream",
+        "queue",
+        "stack",
+        "basic_string",
+    }
+)
 _CLASS_TYPES = ("struct_specifier", "class_specifier", "union_specifier")
 _CONTAINERS = frozenset({"preproc_if", "preproc_ifdef", "preproc_else", "preproc_elif", "preproc_elifdef"})
-_PLAIN_TYPES = frozenset({"primitive_type", "sized_type_specifier", "type_identifier",
-                          "placeholder_type_specifier"})
+_PLAIN_TYPES = frozenset(
+    {"primitive_type", "sized_type_specifier", "type_identifier", "placeholder_type_specifier"}
+)
 
 
 def extract_device_code(text: str) -> DeviceCode:
@@ -188,8 +387,12 @@ def extract_device_code(text: str) -> DeviceCode:
     extractor.run(root)
     extractor.finish(root)
     source, line_map = _apply(data, sorted(extractor.edits, key=lambda e: (e[0], e[1])))
-    return DeviceCode(source=source, line_map=line_map, has_host_code=extractor.has_host_code,
-                      dropped_includes=tuple(extractor.dropped_includes))
+    return DeviceCode(
+        source=source,
+        line_map=line_map,
+        has_host_code=extractor.has_host_code,
+        dropped_includes=tuple(extractor.dropped_includes),
+    )
 
 
 class _Extractor:
@@ -260,17 +463,26 @@ class _Extractor:
             for member in body.named_children if body is not None else ():
                 inner, member_top = member, member
                 if member.type == "template_declaration":
-                    inner = next((c for c in reversed(member.named_children)
-                                  if c.type in ("function_definition", "field_declaration", "declaration")),
-                                 member)
+                    inner = next(
+                        (
+                            c
+                            for c in reversed(member.named_children)
+                            if c.type in ("function_definition", "field_declaration", "declaration")
+                        ),
+                        member,
+                    )
                 if inner.type == "function_definition":
                     if inner.child_by_field_name("body") is not None:  # `= default` / `= delete` have none
                         self._function(inner, member_top)
                 elif inner.type in ("field_declaration", "declaration"):
-                    if any(function_declarator(d) is not None
-                           for d in inner.children_by_field_name("declarator")):
-                        specifiers = [c for c in inner.children if c.type != ";"
-                                      and c not in inner.children_by_field_name("declarator")]
+                    if any(
+                        function_declarator(d) is not None for d in inner.children_by_field_name("declarator")
+                    ):
+                        specifiers = [
+                            c
+                            for c in inner.children
+                            if c.type != ";" and c not in inner.children_by_field_name("declarator")
+                        ]
                         if kind_from_specifiers(specifiers, self.data, self.macros) == "host":
                             self._drop(member_top)
                     else:
@@ -283,7 +495,8 @@ class _Extractor:
         body = spec.child_by_field_name("body")
         for member in body.named_children if body is not None else ():
             if member.type != "field_declaration" or any(
-                    function_declarator(d) is not None for d in member.children_by_field_name("declarator")):
+                function_declarator(d) is not None for d in member.children_by_field_name("declarator")
+            ):
                 continue
             type_node = member.child_by_field_name("type")
             if type_node is None or type_node.type not in ("qualified_identifier", "template_type"):
@@ -340,8 +553,11 @@ class _Extractor:
                 self.dropped_includes.append(header)
                 self.edits.append((start, end, b""))
         implicit = sorted(needed - explicit)
-        fallbacks = [f"#ifndef {name}\n#define {name} {value}\n#endif" for name, value in _MATH_MACROS.items()
-                     if name in used]
+        fallbacks = [
+            f"#ifndef {name}\n#define {name} {value}\n#endif"
+            for name, value in _MATH_MACROS.items()
+            if name in used
+        ]
         if implicit or fallbacks:
             anchor = next((e for e in sorted(self.edits) if e[2] == b"" and e in self._include_drops), None)
             if anchor is not None:
@@ -368,9 +584,14 @@ class _Extractor:
             self.edits.append((start, end, (text + "\n" if start == end else text).encode()))
 
     def _template(self, node: tree_sitter.Node) -> None:
-        inner = next((c for c in reversed(node.named_children)
-                      if c.type in ("function_definition", "declaration", "template_declaration",
-                                    *_CLASS_TYPES)), None)
+        inner = next(
+            (
+                c
+                for c in reversed(node.named_children)
+                if c.type in ("function_definition", "declaration", "template_declaration", *_CLASS_TYPES)
+            ),
+            None,
+        )
         if inner is None:
             return
         if inner.type in _CLASS_TYPES:
@@ -382,8 +603,9 @@ class _Extractor:
                 self._declaration(inner, node)
         else:
             # template<...> template<...>: member templates defined out of class
-            nested = next((c for c in reversed(inner.named_children) if c.type == "function_definition"),
-                          None)
+            nested = next(
+                (c for c in reversed(inner.named_children) if c.type == "function_definition"), None
+            )
             if nested is not None:
                 self._function(nested, node)
 
@@ -394,8 +616,11 @@ class _Extractor:
         specifiers = [c for c in fn.children if c.end_byte <= declarator.start_byte]
         if kind_from_specifiers(specifiers, self.data, self.macros) != "host":
             return
-        constexpr = any(node_text(self.data, c) == "constexpr" for c in specifiers
-                        if c.type in ("type_qualifier", "storage_class_specifier"))
+        constexpr = any(
+            node_text(self.data, c) == "constexpr"
+            for c in specifiers
+            if c.type in ("type_qualifier", "storage_class_specifier")
+        )
         if constexpr and b"<<<" not in self.data[fn.start_byte : fn.end_byte]:
             self.edits.append((fn.start_byte, fn.start_byte, b"__host__ __device__ "))
         else:
@@ -408,19 +633,27 @@ class _Extractor:
             if kind_from_specifiers(specifiers, self.data, self.macros) == "host":
                 self._drop(top)
             return
-        words = {node_text(self.data, c) for c in specifiers
-                 if c.type in ("type_qualifier", "storage_class_specifier") or c.type.startswith("__")}
+        words = {
+            node_text(self.data, c)
+            for c in specifiers
+            if c.type in ("type_qualifier", "storage_class_specifier") or c.type.startswith("__")
+        }
         if words & _DEVICE_VARIABLE_QUALIFIERS:
             return
-        if any(kind_from_specifiers([c], self.data, self.macros) != "host" for c in specifiers
-               if c.type in ("type_identifier", "identifier")):
+        if any(
+            kind_from_specifiers([c], self.data, self.macros) != "host"
+            for c in specifiers
+            if c.type in ("type_identifier", "identifier")
+        ):
             return  # a qualifier macro such as `#define DEV __device__`
         type_node = decl.child_by_field_name("type")
         if words & {"const", "constexpr"} and type_node is not None and type_node.type in _PLAIN_TYPES:
             return
-        if type_node is not None and type_node.type in ("struct_specifier", "class_specifier",
-                                                        "enum_specifier", "union_specifier") \
-                and type_node.child_by_field_name("body") is not None:
+        if (
+            type_node is not None
+            and type_node.type in ("struct_specifier", "class_specifier", "enum_specifier", "union_specifier")
+            and type_node.child_by_field_name("body") is not None
+        ):
             return  # `struct S {...} s;`: the type is needed even if the variable is not
         self._drop(top)
 
@@ -448,8 +681,13 @@ def _names_used(root: tree_sitter.Node, data: bytes, edits: list[tuple[int, int,
     used: set[str] = set()
     for node in tree_sitter.QueryCursor(_NAME_QUERY).captures(root).get("name", []):
         parent = node.parent
-        if parent is not None and parent.type in ("preproc_def", "preproc_function_def", "preproc_params",
-                                                  "preproc_ifdef", "preproc_defined"):
+        if parent is not None and parent.type in (
+            "preproc_def",
+            "preproc_function_def",
+            "preproc_params",
+            "preproc_ifdef",
+            "preproc_defined",
+        ):
             continue
         if kept(node):
             used.add(node_text(data, node))

@@ -37,10 +37,25 @@ _SPEC_HEADER = re.compile(r"\s*dice-spec\b:?")
 
 # Node types that may precede a function declarator in a (possibly broken) declaration.
 _DECL_SPECIFIER_TYPES = EXECUTION_SPACES | {
-    "__forceinline__", "__noinline__", "primitive_type", "type_identifier", "sized_type_specifier",
-    "type_qualifier", "storage_class_specifier", "launch_bounds", "template_type", "qualified_identifier",
-    "virtual", "attribute_specifier", "attribute_declaration", "placeholder_type_specifier", "identifier",
-    "struct_specifier", "class_specifier", "enum_specifier", "explicit_function_specifier",
+    "__forceinline__",
+    "__noinline__",
+    "primitive_type",
+    "type_identifier",
+    "sized_type_specifier",
+    "type_qualifier",
+    "storage_class_specifier",
+    "launch_bounds",
+    "template_type",
+    "qualified_identifier",
+    "virtual",
+    "attribute_specifier",
+    "attribute_declaration",
+    "placeholder_type_specifier",
+    "identifier",
+    "struct_specifier",
+    "class_specifier",
+    "enum_specifier",
+    "explicit_function_specifier",
 }
 _MANY_HITS = 256
 
@@ -87,8 +102,12 @@ class Mask:
 
     def to_json(self) -> dict[str, Any]:
         """The object ``dice masks --json`` prints for this mask (DESIGN.md section 3)."""
-        return {"range": self.range.to_json(), "budget": self.budget, "function": self.function,
-                "kind": self.kind}
+        return {
+            "range": self.range.to_json(),
+            "budget": self.budget,
+            "function": self.function,
+            "kind": self.kind,
+        }
 
 
 @dataclass(frozen=True)
@@ -146,8 +165,9 @@ def parse_document(text: str | bytes) -> CudaDocument:
         spec = _spec_from_comment(node, data, index)
         if spec is not None:
             break
-    return CudaDocument(text=text, masks=masks, spec=spec, functions=functions, has_errors=root.has_error,
-                        index=index)
+    return CudaDocument(
+        text=text, masks=masks, spec=spec, functions=functions, has_errors=root.has_error, index=index
+    )
 
 
 def function_at(doc: CudaDocument, byte_offset: int) -> FunctionInfo | None:
@@ -182,8 +202,9 @@ def _comments_containing(root: tree_sitter.Node, data: bytes, needle: bytes) -> 
     if len(hits) > _MANY_HITS:
         # Each descendant lookup scans siblings; with thousands of hits one pass over all comments is cheaper.
         comments = tree_sitter.QueryCursor(COMMENT_QUERY).captures(root).get("comment", [])
-        return sorted((c for c in comments if needle in data[c.start_byte : c.end_byte]),
-                      key=lambda c: c.start_byte)
+        return sorted(
+            (c for c in comments if needle in data[c.start_byte : c.end_byte]), key=lambda c: c.start_byte
+        )
     found: list[tree_sitter.Node] = []
     seen: set[int] = set()
     for start in hits:
@@ -194,8 +215,9 @@ def _comments_containing(root: tree_sitter.Node, data: bytes, needle: bytes) -> 
     return found
 
 
-def _mask_from_comment(node: tree_sitter.Node, data: bytes, index: int, positions: PositionIndex,
-                       functions: list[FunctionInfo]) -> Mask | None:
+def _mask_from_comment(
+    node: tree_sitter.Node, data: bytes, index: int, positions: PositionIndex, functions: list[FunctionInfo]
+) -> Mask | None:
     start, end = node.start_byte, node.end_byte
     raw = data[start:end]
     if raw.startswith(b"//"):
@@ -211,8 +233,13 @@ def _mask_from_comment(node: tree_sitter.Node, data: bytes, index: int, position
         return None
     func = _innermost(functions, start)
     return Mask(
-        index=index, start_byte=start, end_byte=end, range=positions.range_of(start, end), budget=budget,
-        function=func.name if func else None, kind=func.kind if func else None,
+        index=index,
+        start_byte=start,
+        end_byte=end,
+        range=positions.range_of(start, end),
+        budget=budget,
+        function=func.name if func else None,
+        kind=func.kind if func else None,
         signature=func.signature if func else None,
         function_start_byte=func.start_byte if func else None,
         function_end_byte=func.end_byte if func else None,
@@ -240,8 +267,13 @@ def _spec_from_comment(node: tree_sitter.Node, data: bytes, positions: PositionI
         source = textwrap.dedent(rest)
         line_offset = start_line + 1
     source = source.rstrip() + "\n" if source.strip() else ""
-    return DiceSpec(source=source, start_byte=node.start_byte, end_byte=node.end_byte,
-                    range=positions.range_of(node.start_byte, node.end_byte), line_offset=line_offset)
+    return DiceSpec(
+        source=source,
+        start_byte=node.start_byte,
+        end_byte=node.end_byte,
+        range=positions.range_of(node.start_byte, node.end_byte),
+        line_offset=line_offset,
+    )
 
 
 # ------------------------------------------------------------------------------------------- functions
@@ -251,8 +283,9 @@ def _signature(data: bytes, start: int, end: int) -> str:
     return " ".join(data[start:end].decode("utf-8", "replace").split())
 
 
-def _function_info(node: tree_sitter.Node, top: tree_sitter.Node, data: bytes,
-                   macros: dict[str, frozenset[str]]) -> FunctionInfo | None:
+def _function_info(
+    node: tree_sitter.Node, top: tree_sitter.Node, data: bytes, macros: dict[str, frozenset[str]]
+) -> FunctionInfo | None:
     """``top`` is the outermost ``template_declaration`` around ``node``, or ``node`` itself."""
     declarator = function_declarator(node.child_by_field_name("declarator"))
     if declarator is None:
@@ -274,15 +307,20 @@ def _function_info(node: tree_sitter.Node, top: tree_sitter.Node, data: bytes,
     if unclosed and not data[end:].strip():
         end = len(data)
     return FunctionInfo(
-        name=name, kind=kind_from_specifiers(specifiers, data, macros),
+        name=name,
+        kind=kind_from_specifiers(specifiers, data, macros),
         signature=_signature(data, top.start_byte, body_start),
-        start_byte=top.start_byte, end_byte=end, body_start_byte=body_start,
-        body_end_byte=end if body is not None else node.end_byte, recovered=unclosed,
+        start_byte=top.start_byte,
+        end_byte=end,
+        body_start_byte=body_start,
+        body_end_byte=end if body is not None else node.end_byte,
+        recovered=unclosed,
     )
 
 
-def _recover_functions(errors: list[tree_sitter.Node], data: bytes,
-                       macros: dict[str, frozenset[str]]) -> list[FunctionInfo]:
+def _recover_functions(
+    errors: list[tree_sitter.Node], data: bytes, macros: dict[str, frozenset[str]]
+) -> list[FunctionInfo]:
     """Functions whose definition tree-sitter could not close, read from the children of ERROR nodes.
 
     While a body is being typed, tree-sitter often leaves ``__global__ void k(...) { ...`` as an ERROR node
@@ -295,8 +333,11 @@ def _recover_functions(errors: list[tree_sitter.Node], data: bytes,
         for i, child in enumerate(children):
             if i + 1 >= len(children) or children[i + 1].type != "{":
                 continue
-            declarator = child if child.type == "function_declarator" else (
-                function_declarator(child) if child.type in DECLARATOR_WRAPPERS else None)
+            declarator = (
+                child
+                if child.type == "function_declarator"
+                else (function_declarator(child) if child.type in DECLARATOR_WRAPPERS else None)
+            )
             if declarator is None:
                 continue
             j = i
@@ -320,11 +361,16 @@ def _recover_functions(errors: list[tree_sitter.Node], data: bytes,
                 end = len(data) if not data[error.end_byte :].strip() else error.end_byte
             name_node = declarator.child_by_field_name("declarator")
             body_start = children[i + 1].start_byte
-            recovered.append(FunctionInfo(
-                name=node_text(data, name_node) if name_node is not None else node_text(data, declarator),
-                kind=kind_from_specifiers(specifiers, data, macros),
-                signature=_signature(data, specifiers[0].start_byte, body_start),
-                start_byte=specifiers[0].start_byte, end_byte=end, body_start_byte=body_start,
-                body_end_byte=end, recovered=True,
-            ))
+            recovered.append(
+                FunctionInfo(
+                    name=node_text(data, name_node) if name_node is not None else node_text(data, declarator),
+                    kind=kind_from_specifiers(specifiers, data, macros),
+                    signature=_signature(data, specifiers[0].start_byte, body_start),
+                    start_byte=specifiers[0].start_byte,
+                    end_byte=end,
+                    body_start_byte=body_start,
+                    body_end_byte=end,
+                    recovered=True,
+                )
+            )
     return recovered

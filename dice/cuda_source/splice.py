@@ -50,8 +50,9 @@ def splice(text: str, fills: Mapping[int, str], *, doc: CudaDocument | None = No
         edit = _minimal_edit(data, mask.start_byte, mask.end_byte, fill)
         if edit is not None:
             start, end, new = edit
-            edits.append(lsp.TextEdit(range=doc.index.range_of(start, end).to_lsp(),
-                                      new_text=decode_bytes(new)))
+            edits.append(
+                lsp.TextEdit(range=doc.index.range_of(start, end).to_lsp(), new_text=decode_bytes(new))
+            )
     pieces.append(data[cursor:])
     return SpliceResult(text=decode_bytes(b"".join(pieces)), edits=edits)
 
@@ -75,12 +76,18 @@ def _minimal_edit(data: bytes, start: int, end: int, fill: bytes) -> tuple[int, 
         suffix -= 1
     # An edit boundary between CR and LF would leave a position that LSP clients read differently.
     absolute_start = start + prefix
-    if prefix > 0 and data[absolute_start - 1 : absolute_start] == b"\r" \
-            and old[prefix : prefix + 1] == b"\n":
+    if (
+        prefix > 0
+        and data[absolute_start - 1 : absolute_start] == b"\r"
+        and old[prefix : prefix + 1] == b"\n"
+    ):
         prefix -= 1
     absolute_end = end - suffix
-    if suffix > 0 and data[absolute_end : absolute_end + 1] == b"\n" and old[len(old) - suffix - 1 :
-                                                                           len(old) - suffix] == b"\r":
+    if (
+        suffix > 0
+        and data[absolute_end : absolute_end + 1] == b"\n"
+        and old[len(old) - suffix - 1 : len(old) - suffix] == b"\r"
+    ):
         suffix -= 1
     return start + prefix, end - suffix, fill[prefix : len(fill) - suffix]
 

@@ -108,24 +108,46 @@ class ScriptedEngine:
     name = "scripted"
     device = "cpu"
 
-    def __init__(self, fills: Callable[[str, str, int, float], list[tuple[str, float]]], steps: int = 4,
-                 step_delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        fills: Callable[[str, str, int, float], list[tuple[str, float]]],
+        steps: int = 4,
+        step_delay_s: float = 0.0,
+    ) -> None:
         self.fills = fills
         self.steps = steps
         self.step_delay_s = step_delay_s
         self.config = _Config()
         self.requests: list[dict[str, Any]] = []
 
-    def infill(self, prefix: str, suffix: str, *, context: str | None = None, n: int = 1,
-               max_new_tokens: int = 256, on_step: Any = None, temperature: float = 0.0,
-               **_: Any) -> list[_Completion]:
-        self.requests.append(dict(prefix=prefix, suffix=suffix, context=context, n=n,
-                                  max_new_tokens=max_new_tokens, temperature=temperature))
+    def infill(
+        self,
+        prefix: str,
+        suffix: str,
+        *,
+        context: str | None = None,
+        n: int = 1,
+        max_new_tokens: int = 256,
+        on_step: Any = None,
+        temperature: float = 0.0,
+        **_: Any,
+    ) -> list[_Completion]:
+        self.requests.append(
+            dict(
+                prefix=prefix,
+                suffix=suffix,
+                context=context,
+                n=n,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+            )
+        )
         self._steps(on_step)
         return [_Completion(t, c) for t, c in self.fills(prefix, suffix, n, temperature)]
 
-    def generate_program(self, ref_src: str, *, n: int = 1, on_step: Any = None, temperature: float = 0.0,
-                         **_: Any) -> list[_Completion]:
+    def generate_program(
+        self, ref_src: str, *, n: int = 1, on_step: Any = None, temperature: float = 0.0, **_: Any
+    ) -> list[_Completion]:
         self.requests.append(dict(ref_src=ref_src, n=n, temperature=temperature))
         self._steps(on_step)
         return [_Completion(t, c) for t, c in self.fills(ref_src, "", n, temperature)]

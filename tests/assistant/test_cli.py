@@ -14,10 +14,19 @@ from dice.cuda_source import parse_document
 from .conftest import BAD_SCALE, GOOD_SCALE, GOOD_SQUARE, TWO_MASKS, ScriptedEngine
 
 CANDIDATE_KEYS = {"rank", "text", "confidence", "tokens", "verdict"}
-VERDICT_KEYS = {"status", "compiled", "correct", "speedup", "ref_ms", "new_ms", "max_abs_err", "message",
-                "log"}
+VERDICT_KEYS = {
+    "status",
+    "compiled",
+    "correct",
+    "speedup",
+    "ref_ms",
+    "new_ms",
+    "max_abs_err",
+    "message",
+    "log",
+}
 
-KB_REF = '''\
+KB_REF = """\
 import torch
 import torch.nn as nn
 
@@ -36,7 +45,7 @@ def get_inputs():
 
 def get_init_inputs():
     return []
-'''
+"""
 
 
 @pytest.fixture
@@ -55,8 +64,20 @@ def _scripted(monkeypatch: pytest.MonkeyPatch, fills: Any) -> ScriptedEngine:
 
 
 def test_complete_prints_a_unified_diff(tiny_checkpoint, shared_pool, cu_file, capsys) -> None:
-    code = main(["complete", str(cu_file), "--model", str(tiny_checkpoint), "--candidates", "1",
-                 "--max-new-tokens", "6", "--validation", "compile"])
+    code = main(
+        [
+            "complete",
+            str(cu_file),
+            "--model",
+            str(tiny_checkpoint),
+            "--candidates",
+            "1",
+            "--max-new-tokens",
+            "6",
+            "--validation",
+            "compile",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0
     assert out.startswith(f"--- {cu_file}\n+++ {cu_file}\n@@ ")  # tmp_path is absolute
@@ -66,10 +87,25 @@ def test_complete_prints_a_unified_diff(tiny_checkpoint, shared_pool, cu_file, c
     assert cu_file.read_bytes() == TWO_MASKS.encode()  # a diff never touches the file
 
 
-def test_complete_json_lists_every_candidate_with_its_verdict(tiny_checkpoint, shared_pool, cu_file,
-                                                              capsys) -> None:
-    code = main(["complete", str(cu_file), "--model", str(tiny_checkpoint), "--candidates", "2",
-                 "--max-new-tokens", "6", "--validation", "compile", "--json", "--quiet"])
+def test_complete_json_lists_every_candidate_with_its_verdict(
+    tiny_checkpoint, shared_pool, cu_file, capsys
+) -> None:
+    code = main(
+        [
+            "complete",
+            str(cu_file),
+            "--model",
+            str(tiny_checkpoint),
+            "--candidates",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--validation",
+            "compile",
+            "--json",
+            "--quiet",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0 and err == ""
     payload = json.loads(out)
@@ -95,8 +131,19 @@ def test_write_refuses_when_nothing_compiled(monkeypatch, shared_pool, cu_file, 
     assert "not writing" in err and "--force" in err
     assert cu_file.read_bytes() == TWO_MASKS.encode()  # nothing lost
 
-    code = main(["complete", str(cu_file), "--candidates", "1", "--validation", "compile", "--write",
-                 "--force", "--quiet"])
+    code = main(
+        [
+            "complete",
+            str(cu_file),
+            "--candidates",
+            "1",
+            "--validation",
+            "compile",
+            "--write",
+            "--force",
+            "--quiet",
+        ]
+    )
     assert code == 0
     assert BAD_SCALE in cu_file.read_text() and "<MASK" not in cu_file.read_text()
 
@@ -133,8 +180,13 @@ def test_write_applies_the_best_compiling_fills(monkeypatch, shared_pool, cu_fil
     written = cu_file.read_bytes()
     doc = parse_document(crlf.decode())
     m0, m1 = doc.masks
-    assert written == (crlf[: m0.start_byte] + GOOD_SCALE.encode() + crlf[m0.end_byte : m1.start_byte]
-                       + GOOD_SQUARE.encode() + crlf[m1.end_byte :])
+    assert written == (
+        crlf[: m0.start_byte]
+        + GOOD_SCALE.encode()
+        + crlf[m0.end_byte : m1.start_byte]
+        + GOOD_SQUARE.encode()
+        + crlf[m1.end_byte :]
+    )
     assert "Wrote" in err
 
 
@@ -176,8 +228,23 @@ def test_generate_writes_the_best_program_with_its_verdict(tiny_checkpoint, tmp_
     ref = tmp_path / "add.py"
     ref.write_text(KB_REF)
     out_file = tmp_path / "add_new.py"
-    code = main(["generate", str(ref), "--model", str(tiny_checkpoint), "--samples", "2",
-                 "--max-new-tokens", "6", "--validation", "none", "--out", str(out_file), "--json"])
+    code = main(
+        [
+            "generate",
+            str(ref),
+            "--model",
+            str(tiny_checkpoint),
+            "--samples",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--validation",
+            "none",
+            "--out",
+            str(out_file),
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     payload = json.loads(out)
@@ -223,8 +290,9 @@ def test_write_refuses_when_the_file_changed_meanwhile(monkeypatch, shared_pool,
 
 def test_write_refuses_when_every_fill_is_blank(monkeypatch, shared_pool, cu_file, capsys) -> None:
     _scripted(monkeypatch, lambda p, s, n, t: [("\n", 0.9)] * n)
-    code = main(["complete", str(cu_file), "--candidates", "2", "--validation", "compile", "--write",
-                 "--force"])
+    code = main(
+        ["complete", str(cu_file), "--candidates", "2", "--validation", "compile", "--write", "--force"]
+    )
     err = capsys.readouterr().err
     assert code == 1 and "no usable fill" in err and "every fill was blank or only a comment" in err
     assert cu_file.read_bytes() == TWO_MASKS.encode()

@@ -43,8 +43,10 @@ LINES = (
 
 def _holes(text: str) -> tuple[Any, list[Hole]]:
     doc = parse_document(text)
-    return doc, [Hole(m.index, m.start_byte, m.end_byte, m.budget, m.function_start_byte, m.function_end_byte)
-                 for m in doc.masks]
+    return doc, [
+        Hole(m.index, m.start_byte, m.end_byte, m.budget, m.function_start_byte, m.function_end_byte)
+        for m in doc.masks
+    ]
 
 
 @pytest.mark.parametrize("newline", ["\n", "\r\n"])
@@ -52,8 +54,10 @@ def test_line_aligned_prompt_pieces(newline: str) -> None:
     text = LINES.replace("\n", newline)
     doc, holes = _holes(text)
     assert len(holes) == 4
-    reqs = [build_infill_request(doc, h, default_max_new_tokens=64, budget_chars=None, hole_cut="line")
-            for h in holes]
+    reqs = [
+        build_infill_request(doc, h, default_max_new_tokens=64, budget_chars=None, hole_cut="line")
+        for h in holes
+    ]
     nl = newline
     # alone on its line (trailing blanks after the comment go with the hole)
     assert reqs[0].line_aligned
@@ -101,7 +105,7 @@ def test_line_aligned_span_edges() -> None:
         ("    x = 1;\n\n", "x = 1;\n"),  # only one line break belongs to the file
         ("\n", ""),
         ("", ""),
-        ("  s = \"é 𝄞\";\n", "s = \"é 𝄞\";"),
+        ('  s = "é 𝄞";\n', 's = "é 𝄞";'),
     ],
 )
 def test_line_middle_maps_onto_the_comment(middle: str, fill: str) -> None:
@@ -173,8 +177,16 @@ def test_embedded_model_on_tiled_matmul_is_deterministic(shared_pool, capsys) ->
     trained). It does not compile today (dice-tiny writes ``sum``, the kernel's accumulator is ``acc``), so
     what is asserted is what is deterministic: the same statement on every run, spliced after the file's
     indentation, with a compile verdict for the mask's line."""
-    args = ["complete", str(TILED_MATMUL), "--candidates", "1", "--validation", "compile", "--json",
-            "--quiet"]
+    args = [
+        "complete",
+        str(TILED_MATMUL),
+        "--candidates",
+        "1",
+        "--validation",
+        "compile",
+        "--json",
+        "--quiet",
+    ]
     runs = []
     for _ in range(2):
         assert main(args) in (0, 1)
@@ -199,8 +211,9 @@ async def test_embedded_model_with_line_holes(tmp_path: Path, validator_pool) ->
     shutil.copytree(EMBEDDED_MODEL, model)
     (model / "dice.json").write_text('{"infill_holes": "line"}')
     text = TILED_MATMUL.read_text()
-    settings = AssistantSettings(model_path=str(model), device="cpu", candidates=1,
-                                 validation_level="compile", max_latency_ms=0)
+    settings = AssistantSettings(
+        model_path=str(model), device="cpu", candidates=1, validation_level="compile", max_latency_ms=0
+    )
     with AssistantService(settings, validator=validator_pool) as service:
         result = await service.complete_document(text)
     (m,) = result.masks

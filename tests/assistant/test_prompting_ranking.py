@@ -49,11 +49,13 @@ def test_budget_never_exceeds_the_default_cap() -> None:
 def test_long_file_is_trimmed_around_the_enclosing_kernel() -> None:
     line = "__device__ float f{i}(float v) {{ return v * {i}.0f; }}  // héllo\n"
     filler = "".join(line.format(i=i) for i in range(400))
-    kernel = ("__global__ void target(const float* x, float* y, int n) {\n"
-              "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
-              "    /* <MASK> */\n"
-              "    y[i] = y[i] + 1.0f;\n"
-              "}\n")
+    kernel = (
+        "__global__ void target(const float* x, float* y, int n) {\n"
+        "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+        "    /* <MASK> */\n"
+        "    y[i] = y[i] + 1.0f;\n"
+        "}\n"
+    )
     text = filler + kernel + filler
     doc, hole = _hole(text)
     budget = 3000
@@ -80,13 +82,13 @@ def _v(status: str, *, speedup: float | None = None) -> Verdict:
 
 def test_rank_compiled_then_correct_then_faster_then_confidence() -> None:
     verdicts = [
-        _v("compile_error"),                 # 0: most confident, but does not compile
-        _v("compiled"),                      # 1: compiled, not run
-        _v("correct", speedup=1.5),          # 2
-        _v("correct", speedup=3.0),          # 3: fastest correct
-        _v("incorrect", speedup=9.0),        # 4: fast but wrong: speed counts for nothing
-        _v("rejected", speedup=50.0),        # 5: a guard fired
-        _v("correct", speedup=3.0),          # 6: ties 3 on speed, less confident
+        _v("compile_error"),  # 0: most confident, but does not compile
+        _v("compiled"),  # 1: compiled, not run
+        _v("correct", speedup=1.5),  # 2
+        _v("correct", speedup=3.0),  # 3: fastest correct
+        _v("incorrect", speedup=9.0),  # 4: fast but wrong: speed counts for nothing
+        _v("rejected", speedup=50.0),  # 5: a guard fired
+        _v("correct", speedup=3.0),  # 6: ties 3 on speed, less confident
     ]
     confidences = [0.99, 0.5, 0.6, 0.7, 0.95, 0.9, 0.2]
     order = rank(list(range(7)), verdicts, confidences)

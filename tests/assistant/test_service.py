@@ -61,8 +61,13 @@ async def test_masks_filled_ranked_and_spliced(scripted_engine_factory, validato
     doc = parse_document(TWO_MASKS)
     m0, m1 = doc.masks
     data = TWO_MASKS.encode()
-    expected = (data[: m0.start_byte] + GOOD_SCALE.encode() + data[m0.end_byte : m1.start_byte]
-                + GOOD_SQUARE.encode() + data[m1.end_byte :]).decode()
+    expected = (
+        data[: m0.start_byte]
+        + GOOD_SCALE.encode()
+        + data[m0.end_byte : m1.start_byte]
+        + GOOD_SQUARE.encode()
+        + data[m1.end_byte :]
+    ).decode()
     assert result.best_text == expected
     assert _apply_edits(TWO_MASKS, result.edits) == expected
     assert result.best_verdict is not None and result.best_verdict.compiled
@@ -72,8 +77,12 @@ async def test_masks_filled_ranked_and_spliced(scripted_engine_factory, validato
     first, second, _, _ = engine.requests  # greedy fills first, then the samples
     assert "// <MASK:16>" in first["suffix"] and first["max_new_tokens"] == settings.max_new_tokens
     assert "/* <MASK> */" in second["prefix"] and second["max_new_tokens"] == 16
-    assert [r["temperature"] for r in engine.requests] == [0.0, 0.0, settings.sample_temperature,
-                                                           settings.sample_temperature]
+    assert [r["temperature"] for r in engine.requests] == [
+        0.0,
+        0.0,
+        settings.sample_temperature,
+        settings.sample_temperature,
+    ]
     assert {e.stage for e in events} == {"loading", "generating", "validating"}
     validating = [e for e in events if e.stage == "validating"]
     assert validating[-1].done == validating[-1].total == 4
@@ -100,8 +109,9 @@ async def test_same_request_twice_is_served_from_cache(
 
 async def test_compiler_logs_name_the_users_file(scripted_engine_factory, validator_pool) -> None:
     engine = scripted_engine_factory(lambda p, s, n, t: [(BAD_SCALE if "square" in s else GOOD_SQUARE, 0.5)])
-    service = AssistantService(AssistantSettings(candidates=1, validation_level="compile"), engine=engine,
-                               validator=validator_pool)
+    service = AssistantService(
+        AssistantSettings(candidates=1, validation_level="compile"), engine=engine, validator=validator_pool
+    )
     default = await service.complete_document(TWO_MASKS)
     named = await service.complete_document(TWO_MASKS, filename="/some/dir/tiled_matmul.cu")
     # the same text under another name is not served the other name's cached log
@@ -141,8 +151,9 @@ async def test_no_masks_calls_nothing(scripted_engine_factory) -> None:
 
 async def test_complete_at_cursor_is_an_implicit_mask(scripted_engine_factory, validator_pool) -> None:
     engine = scripted_engine_factory(lambda p, s, n, t: [("if (i < n) y[i] = a * x[i];\n    ", 0.7)])
-    service = AssistantService(AssistantSettings(candidates=1, validation_level="compile"), engine=engine,
-                               validator=validator_pool)
+    service = AssistantService(
+        AssistantSettings(candidates=1, validation_level="compile"), engine=engine, validator=validator_pool
+    )
     text = TWO_MASKS.replace("    /* <MASK> */\n", "    \n")
     cursor = text.encode().index(b"threadIdx.x;\n") + len(b"threadIdx.x;\n    ")
     result = await service.complete_at(text, cursor)
@@ -226,8 +237,9 @@ async def test_cancelling_the_task_stops_the_model_thread(tiny_engine) -> None:
 
 async def test_tiny_model_end_to_end(tiny_engine, validator_pool) -> None:
     text = TWO_MASKS.replace("<MASK:16>", "<MASK:5>")
-    settings = AssistantSettings(candidates=2, validation_level="compile", max_latency_ms=0,
-                                 max_new_tokens=10)
+    settings = AssistantSettings(
+        candidates=2, validation_level="compile", max_latency_ms=0, max_new_tokens=10
+    )
     service = AssistantService(settings, engine=tiny_engine, validator=validator_pool)
     result = await service.complete_document(text)
     doc = parse_document(text)
@@ -250,8 +262,11 @@ async def test_tiny_model_end_to_end(tiny_engine, validator_pool) -> None:
 
 async def test_cancel_between_validations(scripted_engine_factory, validator_pool) -> None:
     engine = scripted_engine_factory(_fills_for_two_masks)
-    service = AssistantService(AssistantSettings(candidates=2, validation_level="compile", max_latency_ms=0),
-                               engine=engine, validator=validator_pool)
+    service = AssistantService(
+        AssistantSettings(candidates=2, validation_level="compile", max_latency_ms=0),
+        engine=engine,
+        validator=validator_pool,
+    )
     cancel = asyncio.Event()
 
     def progress(event: Progress) -> None:
@@ -264,8 +279,9 @@ async def test_cancel_between_validations(scripted_engine_factory, validator_poo
     assert service.stats["validations"] == 0  # no verdict was waited for after the cancel
 
 
-async def test_generate_kernel_ranks_validated_programs(scripted_engine_factory, validator_pool,
-                                                       repo_root) -> None:
+async def test_generate_kernel_ranks_validated_programs(
+    scripted_engine_factory, validator_pool, repo_root
+) -> None:
     ref = (repo_root / "examples" / "kernelbench_softmax.py").read_text()
     good = (repo_root / "examples" / "solutions" / "kernelbench_softmax.py").read_text()
     broken = "import torch\nclass ModelNew(torch.nn.Module:\n    pass\n"
@@ -277,8 +293,9 @@ async def test_generate_kernel_ranks_validated_programs(scripted_engine_factory,
         return [(f"```python\n{good}```", 0.2)] * n
 
     engine = scripted_engine_factory(programs)
-    service = AssistantService(AssistantSettings(candidates=3, validation_level="compile"), engine=engine,
-                               validator=validator_pool)
+    service = AssistantService(
+        AssistantSettings(candidates=3, validation_level="compile"), engine=engine, validator=validator_pool
+    )
     ranked = await service.generate_kernel(ref)
     assert [p.source for p in ranked] == [good.strip() + "\n", broken]  # fences and prose removed
     assert ranked[0].verdict.status == "compiled" and ranked[1].verdict.status == "compile_error"
@@ -301,8 +318,11 @@ async def test_blank_fills_are_not_candidates(scripted_engine_factory, validator
         return [("\n", 0.99)] if temperature == 0.0 else [("// return v * v;", 0.9)] * n  # no code
 
     engine = scripted_engine_factory(fills)
-    service = AssistantService(AssistantSettings(candidates=2, validation_level="compile", max_latency_ms=0),
-                               engine=engine, validator=validator_pool)
+    service = AssistantService(
+        AssistantSettings(candidates=2, validation_level="compile", max_latency_ms=0),
+        engine=engine,
+        validator=validator_pool,
+    )
     result = await service.complete_document(TWO_MASKS)
     scale, square = result.masks
     assert [c.text for c in scale.candidates] == [GOOD_SCALE]
