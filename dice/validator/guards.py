@@ -12,6 +12,8 @@ import ast
 import re
 from dataclasses import dataclass, field
 
+from dice.validator.reference import top_level_names
+
 PATCHABLE_MODULES = frozenset(
     {"torch", "time", "numpy", "math", "builtins", "triton", "cupy", "timeit", "functools", "sys", "gc"}
 )
@@ -73,29 +75,10 @@ class CandidateInfo:
         return "\n".join(s for ext in self.extensions for s in ext.cuda_sources)
 
 
-class InvalidReference(ValueError):
-    """The reference program is not a KernelBench problem (syntax error, no Model / get_inputs ...)."""
-
-
-def check_reference(src: str) -> ast.Module:
-    """Parse a KernelBench reference; it must define ``Model``, ``get_inputs`` and ``get_init_inputs``."""
-    try:
-        tree = ast.parse(src)
-    except SyntaxError as exc:
-        raise InvalidReference(f"reference has a syntax error at line {exc.lineno}: {exc.msg}") from exc
-    names = _top_level_names(tree)
-    missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if n not in names]
-    if missing:
-        raise InvalidReference(
-            "reference is not a KernelBench problem: it does not define " + ", ".join(missing)
-        )
-    return tree
-
-
 def analyze_candidate(src: str) -> CandidateInfo:
     """Parse a candidate (raises ``SyntaxError``) and resolve its ``load_inline`` sources statically."""
     tree = ast.parse(src)
-    names = _top_level_names(tree)
+    names = top_level_names(tree)
     consts = _string_constants(tree)
     info = CandidateInfo(tree=tree, has_model_new="ModelNew" in names)
     for node in ast.walk(tree):
@@ -173,18 +156,6 @@ def static_guards(src: str, info: CandidateInfo) -> list[GuardHit]:
 
 
 # ----------------------------------------------------------------------------------------------- helpers
-def _top_level_names(tree: ast.Module) -> set[str]:
-    names: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.Assign):
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-    return names
-
-
 def _call_name(call: ast.Call) -> str | None:
     func = call.func
     if isinstance(func, ast.Attribute):

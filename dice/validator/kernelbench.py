@@ -29,8 +29,9 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from dice.validator.compile import TORCH_HEADER_PREFIXES, nvrtc_compile
-from dice.validator.guards import GuardHit, analyze_candidate, check_reference, static_guards
+from dice.validator.guards import GuardHit, analyze_candidate, static_guards
 from dice.validator.paths import default_arch, source_hash
+from dice.validator.reference import check_reference
 from dice.validator.verdict import (
     FLAG_CUSTOM_KERNELS_MINOR,
     FLAG_LAUNCH_NOT_VERIFIED,

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dice.validator.guards import check_reference
 from dice.validator.paths import cache_dir, source_hash
+from dice.validator.reference import check_reference
 from dice.validator.verdict import Verdict, error_verdict
 
 STARTUP_TIMEOUT_S = 180.0

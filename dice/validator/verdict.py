@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -85,28 +86,59 @@ class Verdict:
         return cls(**kwargs)
 
     def summary(self) -> str:
-        """One human line, e.g. ``compiled ✓ · correct ✓ · 2.3× vs PyTorch``."""
-        if self.status == "correct":
-            parts = ["compiled ✓", "correct ✓"]
-            if self.speedup is not None:
-                parts.append(f"{self.speedup:.2f}× vs PyTorch")
-            text = " · ".join(parts)
-        elif self.status == "incorrect":
-            err = f" (max abs err {self.max_abs_err:.3g})" if self.max_abs_err is not None else ""
-            text = f"compiled ✓ · correct ✗{err}"
-        elif self.status == "compiled":
-            text = "compiled ✓ · not run"
-        elif self.status == "compile_error":
-            text = "compiled ✗"
-        elif self.status == "runtime_error":
-            text = "compiled ✓ · runtime error"
-        elif self.status == "timeout":
-            text = "timed out"
-        else:
-            text = "rejected"
-        if self.flags:
-            text += " · flags: " + ", ".join(self.flags)
-        return text
+        """One human line, e.g. ``compiled ✓ · correct ✓ · 2.30× vs PyTorch`` (:func:`verdict_label`)."""
+        return verdict_label(self)
+
+
+def first_line(message: str | None, limit: int = 100) -> str:
+    """The first non-blank line of ``message``, cut to ``limit`` characters."""
+    text = (message or "").strip()
+    line = text.splitlines()[0].strip() if text else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def verdict_label(verdict: Verdict | Mapping[str, Any] | None) -> str:
+    """The one-line label every front end shows for a verdict (CLI, editor lens and hover, generated-file
+    header, messages): "compiled ✓ · correct ✓ · 2.30× vs PyTorch", "compiled ✗", "rejected: <guard>: ..."
+
+    It says what was checked and nothing more: "compiled ✓" only for a verdict whose code compiled, "not run"
+    when it was not run. Flags a reviewer should see follow (``not_run`` is already in the words). Accepts a
+    :class:`Verdict`, its JSON object, or None ("not validated").
+    """
+    if verdict is None:
+        return "not validated"
+    v = verdict.to_json() if isinstance(verdict, Verdict) else dict(verdict)
+    if not v:
+        return "not validated"
+    status = v.get("status")
+    # a run or build that failed before the compiler finished says nothing about compiling
+    compiled = "compiled ✓ · " if v.get("compiled") else ""
+    speedup, err = v.get("speedup"), v.get("max_abs_err")
+    if status == "correct":
+        text = "compiled ✓ · correct ✓"
+        if isinstance(speedup, (int, float)):
+            text += f" · {speedup:.2f}× vs PyTorch"
+    elif status == "incorrect":
+        text = "compiled ✓ · correct ✗" + (
+            f" (max abs err {err:.3g})" if isinstance(err, (int, float)) else ""
+        )
+    elif status == "compiled":
+        text = "compiled ✓ · not run"
+    elif status == "compile_error":
+        text = "compiled ✗"
+    elif status == "runtime_error":
+        text = f"{compiled}runtime error"
+    elif status == "timeout":
+        text = f"{compiled}timed out"
+    elif status == "rejected":
+        reason = first_line(v.get("message")).removeprefix("rejected by guard ").strip()
+        text = f"rejected: {reason}" if reason else "rejected"
+    else:
+        text = str(status or "not validated")
+    flags = [f for f in v.get("flags") or [] if f != FLAG_NOT_RUN]
+    if flags:
+        text += " · flags: " + ", ".join(flags)
+    return text
 
 
 def error_verdict(status: Status, message: str, log: str = "", *, compiled: bool = False) -> Verdict:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from dice.validator.guards import InvalidReference, analyze_candidate, check_reference, static_guards
+from dice.validator.guards import analyze_candidate, static_guards
 from dice.validator.kernelbench import speedup_flags
+from dice.validator.reference import InvalidReference, check_reference
 
 from .conftest import CANDIDATES, RELU_REF, candidate
 
