@@ -16,7 +16,7 @@ from dice.cuda_source.document import (
     parse_document,
 )
 from dice.cuda_source.positions import Position, PositionIndex, Range, encode_text, utf16_length
-from dice.cuda_source.splice import SpliceResult, splice
+from dice.cuda_source.splice import SpliceResult, TextEdit, splice
 
 __all__ = [
     "CudaDocument",
@@ -29,6 +29,7 @@ __all__ = [
     "PositionIndex",
     "Range",
     "SpliceResult",
+    "TextEdit",
     "encode_text",
     "extract_device_code",
     "function_at",

@@ -33,6 +33,18 @@ from dataclasses import dataclass
 
 import tree_sitter
 
+from dice.cuda_source._headers import (
+    BY_USAGE,
+    DEVICE_HEADER_PREFIXES,
+    DEVICE_HEADERS,
+    GLOBAL_INT_TYPES,
+    LIBCUXX_TWINS,
+    MATH_MACROS,
+    STD_ALIAS,
+    STD_MINMAX,
+    TRIGGER_WORDS,
+    twins_needed,
+)
 from dice.cuda_source._syntax import (
     LANGUAGE,
     function_declarator,
@@ -61,273 +73,6 @@ class DeviceCode:
         if 0 <= source_line < len(self.line_map):
             return self.line_map[source_line]
         return None
-
-
-# Headers NVRTC opens given the CUDA include directory (device-side CUDA headers, libcu++, CUB, CUTLASS).
-_DEVICE_HEADERS = frozenset(
-    {
-        "cuda_fp16.h",
-        "cuda_fp16.hpp",
-        "cuda_bf16.h",
-        "cuda_bf16.hpp",
-        "cuda_fp8.h",
-        "cuda_fp8.hpp",
-        "cuda_fp6.h",
-        "cuda_fp6.hpp",
-        "cuda_fp4.h",
-        "cuda_fp4.hpp",
-        "mma.h",
-        "cooperative_groups.h",
-        "cuda_pipeline.h",
-        "cuda_pipeline_primitives.h",
-        "cuda_pipeline_helpers.h",
-        "cuda_awbarrier.h",
-        "cuda_awbarrier_primitives.h",
-        "cuda_awbarrier_helpers.h",
-        "curand_kernel.h",
-        "math_constants.h",
-        "vector_types.h",
-        "vector_functions.h",
-        "sm_20_intrinsics.h",
-        "sm_30_intrinsics.h",
-        "sm_32_intrinsics.h",
-        "sm_35_intrinsics.h",
-        "sm_61_intrinsics.h",
-        "cuda_texture_types.h",
-        "cuda_surface_types.h",
-    }
-)
-_DEVICE_HEADER_PREFIXES = ("cooperative_groups/", "cuda/", "cub/", "cute/", "cutlass/", "nv/", "crt/")
-# C and C++ standard headers with a libcu++ twin that NVRTC can open.
-_LIBCUXX_TWINS = {
-    **{
-        name: name
-        for name in (
-            "array",
-            "atomic",
-            "bit",
-            "bitset",
-            "cassert",
-            "cfloat",
-            "climits",
-            "cmath",
-            "complex",
-            "concepts",
-            "cstddef",
-            "cstdint",
-            "cstdlib",
-            "cstring",
-            "functional",
-            "limits",
-            "numbers",
-            "numeric",
-            "optional",
-            "ratio",
-            "span",
-            "tuple",
-            "type_traits",
-            "utility",
-            "variant",
-        )
-    },
-    "stdint.h": "cstdint",
-    "float.h": "cfloat",
-    "limits.h": "climits",
-    "math.h": "cmath",
-    "stddef.h": "cstddef",
-    "stdlib.h": "cstdlib",
-    "string.h": "cstring",
-    "assert.h": "cassert",
-}
-# `namespace cuda { namespace std {} }` first: <cuda/std/cfloat> and <cuda/std/climits> are macros only.
-_STD_ALIAS = "namespace cuda { namespace std {} } namespace std { using namespace cuda::std; }"
-# CUDA's global max/min overloads (always visible in device code) for code written against <algorithm>.
-_STD_MINMAX = "namespace std { using ::max; using ::min; }"
-# POSIX constants <math.h> gives under nvcc but libcu++ does not define.
-_MATH_MACROS = {
-    "M_PI": "3.14159265358979323846",
-    "M_PI_2": "1.57079632679489661923",
-    "M_PI_4": "0.78539816339744830962",
-    "M_1_PI": "0.31830988618379067154",
-    "M_2_PI": "0.63661977236758134308",
-    "M_2_SQRTPI": "1.12837916709551257390",
-    "M_SQRT2": "1.41421356237309504880",
-    "M_SQRT1_2": "0.70710678118654752440",
-    "M_E": "2.7182818284590452354",
-    "M_LN2": "0.69314718055994530942",
-    "M_LN10": "2.30258509299404568402",
-    "M_LOG2E": "1.4426950408889634074",
-    "M_LOG10E": "0.43429448190325182765",
-}
-# <cstdint> puts the fixed-width types in the global namespace too; kernels use them unqualified.
-_GLOBAL_INT_TYPES = (
-    "using cuda::std::int8_t; using cuda::std::int16_t; using cuda::std::int32_t; "
-    "using cuda::std::int64_t; using cuda::std::uint8_t; using cuda::std::uint16_t; "
-    "using cuda::std::uint32_t; using cuda::std::uint64_t; using cuda::std::intptr_t; "
-    "using cuda::std::uintptr_t;"
-)
-
-# What makes a standard header needed by the device code (besides any use of namespace std).
-_INT_TYPES = frozenset(
-    {f"{u}int{n}_t" for u in ("", "u") for n in (8, 16, 32, 64)}
-    | {"intptr_t", "uintptr_t", "intmax_t", "uintmax_t"}
-)
-_TWIN_NAMES = {
-    "cstdint": _INT_TYPES,
-    "cmath": frozenset({"INFINITY", "NAN", "HUGE_VAL", "HUGE_VALF", "FP_NAN", "FP_INFINITE"}),
-    "climits": frozenset(
-        {
-            "CHAR_BIT",
-            "SCHAR_MIN",
-            "SCHAR_MAX",
-            "UCHAR_MAX",
-            "CHAR_MIN",
-            "CHAR_MAX",
-            "SHRT_MIN",
-            "SHRT_MAX",
-            "USHRT_MAX",
-            "INT_MIN",
-            "INT_MAX",
-            "UINT_MAX",
-            "LONG_MIN",
-            "LONG_MAX",
-            "ULONG_MAX",
-            "LLONG_MIN",
-            "LLONG_MAX",
-            "ULLONG_MAX",
-        }
-    ),
-    "cstddef": frozenset({"ptrdiff_t", "max_align_t"}),
-}
-# Twins chosen by what the code uses; any other twin (<array>, <tuple>...) is kept when `std` is used.
-_BY_USAGE = frozenset(
-    {"cstdint", "cmath", "climits", "cfloat", "cstddef", "limits", "type_traits", "utility"}
-)
-_TWIN_PREFIXES = {
-    "cstdint": (
-        "INT8_",
-        "INT16_",
-        "INT32_",
-        "INT64_",
-        "UINT8_",
-        "UINT16_",
-        "UINT32_",
-        "UINT64_",
-        "INTPTR_",
-        "UINTPTR_",
-        "SIZE_MAX",
-    ),
-    "cfloat": ("FLT_", "DBL_", "LDBL_"),
-}
-_CMATH_FUNCTIONS = frozenset(
-    {
-        "sqrt",
-        "exp",
-        "exp2",
-        "expm1",
-        "log",
-        "log2",
-        "log10",
-        "log1p",
-        "pow",
-        "fabs",
-        "abs",
-        "floor",
-        "ceil",
-        "round",
-        "trunc",
-        "tanh",
-        "tan",
-        "sin",
-        "cos",
-        "sinh",
-        "cosh",
-        "asin",
-        "acos",
-        "atan",
-        "atan2",
-        "erf",
-        "erfc",
-        "fmax",
-        "fmin",
-        "fma",
-        "isinf",
-        "isnan",
-        "isfinite",
-        "cbrt",
-        "hypot",
-        "copysign",
-        "signbit",
-        "fmod",
-        "lgamma",
-        "tgamma",
-        "rint",
-        "nearbyint",
-    }
-)
-_TYPE_TRAITS = frozenset(
-    {
-        "is_same",
-        "enable_if",
-        "enable_if_t",
-        "conditional",
-        "conditional_t",
-        "is_floating_point",
-        "is_integral",
-        "is_signed",
-        "is_unsigned",
-        "remove_cv",
-        "remove_reference",
-        "decay",
-        "is_same_v",
-        "integral_constant",
-        "true_type",
-        "false_type",
-        "remove_cv_t",
-        "decay_t",
-        "is_arithmetic",
-    }
-)
-_UTILITY = frozenset({"swap", "pair", "make_pair", "move", "forward", "declval", "exchange"})
-# Byte strings whose absence means no standard header can be needed (a cheap test before walking names).
-_TRIGGER_WORDS = (
-    b"std",
-    b"INFINITY",
-    b"NAN",
-    b"HUGE_VAL",
-    b"int8_t",
-    b"int16_t",
-    b"int32_t",
-    b"int64_t",
-    b"intptr_t",
-    b"FLT_",
-    b"DBL_",
-    b"_MAX",
-    b"_MIN",
-    b"CHAR_BIT",
-    b"M_",
-)
-
-
-def _twins_needed(used: set[str]) -> set[str]:
-    """libcu++ twins (``cmath``, ``cstdint``...) that code using the identifiers ``used`` needs."""
-    needed: set[str] = set()
-    for twin, names in _TWIN_NAMES.items():
-        if names & used:
-            needed.add(twin)
-    for twin, prefixes in _TWIN_PREFIXES.items():
-        if any(name.startswith(prefixes) for name in used):
-            needed.add(twin)
-    if "numeric_limits" in used:
-        needed.add("limits")
-    if "std" in used:
-        if _CMATH_FUNCTIONS & used:
-            needed.add("cmath")
-        if _TYPE_TRAITS & used:
-            needed.add("type_traits")
-        if _UTILITY & used:
-            needed.add("utility")
-    return needed
 
 
 _NAME_QUERY = tree_sitter.Query(
@@ -515,12 +260,12 @@ class _Extractor:
         if path is None or path.type != "system_lib_string":
             return  # "user.cuh": the caller's include path decides
         header = node_text(self.data, path)[1:-1].strip()
-        if header in _DEVICE_HEADERS or header.startswith(_DEVICE_HEADER_PREFIXES):
+        if header in DEVICE_HEADERS or header.startswith(DEVICE_HEADER_PREFIXES):
             return
         end = node.end_byte
         while end > node.start_byte and self.data[end - 1 : end] in (b"\n", b"\r"):
             end -= 1
-        twin = _LIBCUXX_TWINS.get(header)
+        twin = LIBCUXX_TWINS.get(header)
         if twin is None:
             self.dropped_includes.append(header)
             drop = (node.start_byte, end, b"")
@@ -538,14 +283,14 @@ class _Extractor:
         ``INFINITY`` or ``int64_t`` with no include of its own: those twins are added where the first
         dropped include was, or at the top of the file.
         """
-        if not self._twins and not any(word in self.data for word in _TRIGGER_WORDS):
+        if not self._twins and not any(word in self.data for word in TRIGGER_WORDS):
             return
         used = _names_used(root, self.data, self.edits)
-        needed = _twins_needed(used)
+        needed = twins_needed(used)
         blocks: list[tuple[int, int, list[str]]] = []
         explicit: set[str] = set()
         for start, end, header, twin in self._twins:
-            wanted = twin in needed or ("std" in used and twin not in _BY_USAGE)
+            wanted = twin in needed or ("std" in used and twin not in BY_USAGE)
             if wanted and twin not in explicit:
                 explicit.add(twin)
                 blocks.append((start, end, [twin]))
@@ -555,7 +300,7 @@ class _Extractor:
         implicit = sorted(needed - explicit)
         fallbacks = [
             f"#ifndef {name}\n#define {name} {value}\n#endif"
-            for name, value in _MATH_MACROS.items()
+            for name, value in MATH_MACROS.items()
             if name in used
         ]
         if implicit or fallbacks:
@@ -574,11 +319,11 @@ class _Extractor:
                     continue
                 lines.append(f"#include <cuda/std/{item}>")
                 if item == "cstdint":
-                    lines.append(_GLOBAL_INT_TYPES)
+                    lines.append(GLOBAL_INT_TYPES)
             if std_alias_pending:
-                lines.append(_STD_ALIAS)
+                lines.append(STD_ALIAS)
                 if used & {"max", "min"}:
-                    lines.append(_STD_MINMAX)
+                    lines.append(STD_MINMAX)
                 std_alias_pending = False
             text = "\n".join(lines)
             self.edits.append((start, end, (text + "\n" if start == end else text).encode()))

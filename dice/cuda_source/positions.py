@@ -15,8 +15,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from lsprotocol import types as lsp
-
 _LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 
 
@@ -45,15 +43,13 @@ class Position:
     line: int
     character: int
 
-    def to_lsp(self) -> lsp.Position:
-        return lsp.Position(line=self.line, character=self.character)
-
     def to_json(self) -> dict[str, int]:
         return {"line": self.line, "character": self.character}
 
     @classmethod
-    def from_lsp(cls, position: lsp.Position) -> Position:
-        return cls(position.line, position.character)
+    def of(cls, position: Any) -> Position:
+        """From anything with ``line`` and ``character`` (an LSP position of any library)."""
+        return cls(int(position.line), int(position.character))
 
 
 @dataclass(frozen=True)
@@ -63,15 +59,13 @@ class Range:
     start: Position
     end: Position
 
-    def to_lsp(self) -> lsp.Range:
-        return lsp.Range(start=self.start.to_lsp(), end=self.end.to_lsp())
-
     def to_json(self) -> dict[str, Any]:
         return {"start": self.start.to_json(), "end": self.end.to_json()}
 
     @classmethod
-    def from_lsp(cls, rng: lsp.Range) -> Range:
-        return cls(Position.from_lsp(rng.start), Position.from_lsp(rng.end))
+    def of(cls, rng: Any) -> Range:
+        """From anything with ``start`` and ``end`` positions (an LSP range of any library)."""
+        return cls(Position.of(rng.start), Position.of(rng.end))
 
 
 class PositionIndex:
@@ -124,7 +118,7 @@ class PositionIndex:
                 segment = segment[: cut - 1]
         return Position(line, utf16_length(decode_bytes(segment)))
 
-    def position_to_byte(self, position: Position | lsp.Position) -> int:
+    def position_to_byte(self, position: Position | Any) -> int:
         """Byte offset of an LSP position; lines and characters past the end clamp to it (as LSP says)."""
         line, character = position.line, position.character
         if line < 0:

@@ -4,11 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-from lsprotocol import types as lsp
+from typing import Any
 
 from dice.cuda_source.document import CudaDocument, parse_document
-from dice.cuda_source.positions import decode_bytes, encode_text
+from dice.cuda_source.positions import Range, decode_bytes, encode_text
+
+
+@dataclass(frozen=True)
+class TextEdit:
+    """Replace ``range`` (LSP form: 0-based lines, UTF-16 characters, end exclusive) by ``new_text``: the
+    shape of an LSP ``TextEdit``, which the language server converts it to."""
+
+    range: Range
+    new_text: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"range": self.range.to_json(), "newText": self.new_text}
 
 
 @dataclass(frozen=True)
@@ -17,7 +28,7 @@ class SpliceResult:
     order) produce it when applied together, as one LSP ``WorkspaceEdit`` or ``TextEdit[]`` is."""
 
     text: str
-    edits: list[lsp.TextEdit]
+    edits: list[TextEdit]
 
 
 def splice(text: str, fills: Mapping[int, str], *, doc: CudaDocument | None = None) -> SpliceResult:
@@ -39,7 +50,7 @@ def splice(text: str, fills: Mapping[int, str], *, doc: CudaDocument | None = No
             raise ValueError(f"the fill for mask {key} is {type(value).__name__}, not str")
     data = doc.data
     pieces: list[bytes] = []
-    edits: list[lsp.TextEdit] = []
+    edits: list[TextEdit] = []
     cursor = 0
     for index in sorted(fills):
         mask = masks[index]
@@ -50,9 +61,7 @@ def splice(text: str, fills: Mapping[int, str], *, doc: CudaDocument | None = No
         edit = _minimal_edit(data, mask.start_byte, mask.end_byte, fill)
         if edit is not None:
             start, end, new = edit
-            edits.append(
-                lsp.TextEdit(range=doc.index.range_of(start, end).to_lsp(), new_text=decode_bytes(new))
-            )
+            edits.append(TextEdit(range=doc.index.range_of(start, end), new_text=decode_bytes(new)))
     pieces.append(data[cursor:])
     return SpliceResult(text=decode_bytes(b"".join(pieces)), edits=edits)
 

@@ -7,14 +7,13 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lsprotocol import types as lsp
 
-from dice.cuda_source import Position, encode_text, parse_document, splice
+from dice.cuda_source import Position, TextEdit, encode_text, parse_document, splice
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def apply_lsp_edits(text: str, edits: list[lsp.TextEdit]) -> str:
+def apply_lsp_edits(text: str, edits: list[TextEdit]) -> str:
     """Apply edits the way an LSP client does (all ranges refer to the original text), written
     independently of PositionIndex: offsets counted in UTF-16 code units of each line."""
     lines: list[tuple[int, int]] = []  # (start, end-of-content) in code point offsets
@@ -32,7 +31,7 @@ def apply_lsp_edits(text: str, edits: list[lsp.TextEdit]) -> str:
             i += 1
     lines.append((start, len(text)))
 
-    def offset(position: lsp.Position) -> int:
+    def offset(position: Position) -> int:
         line_start, line_end = lines[position.line]
         units = 0
         j = line_start
@@ -79,7 +78,7 @@ def test_edits_are_minimal() -> None:
     result = splice(SOURCE, {0: "/* <MASK> */ x = 1;"})
     (edit,) = result.edits
     assert edit.new_text == " x = 1;"
-    assert edit.range.start == edit.range.end == lsp.Position(line=1, character=13)
+    assert edit.range.start == edit.range.end == Position(line=1, character=13)
 
 
 def test_splice_rejects_bad_fills() -> None:

@@ -21,7 +21,7 @@ from dice.cuda_source import (
     utf16_length,
 )
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def lsp_position_by_hand(text: str, char_offset: int) -> Position:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dice.cuda_source import extract_device_code, parse_document, splice
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CU_EXAMPLES = ["vector_add.cu", "softmax_rows.cu", "tiled_matmul.cu"]
 
 
@@ -248,11 +248,23 @@ class _TorchArgs:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["vector_add.cu", "softmax_rows.cu"])
-def test_example_specs_pass_with_the_solution_and_fail_with_holes(name: str) -> None:
-    """On a GPU: each spec's launch() with the solution matches reference(); the unfilled example does not."""
+def test_example_specs_pass_with_the_solution_and_fail_with_holes(name: str, monkeypatch) -> None:
+    """On a GPU: each spec's launch() with the solution matches reference(); the unfilled example does not.
+
+    The specs allocate their outputs with ``torch.empty_like``, whose memory may be a block the caching
+    allocator freed a moment ago, holding the previous variant's (correct) result: the holed kernel, which
+    writes nothing, would then read as correct. Outputs are made NaN-filled here, so the outcome depends
+    only on what each kernel writes, never on allocator reuse.
+    """
     import cupy
     import torch
 
+    empty_like = torch.empty_like
+
+    def poisoned_empty_like(t: Any, *args: Any, **kwargs: Any) -> Any:
+        return empty_like(t, *args, **kwargs).fill_(float("nan"))
+
+    monkeypatch.setattr(torch, "empty_like", poisoned_empty_like)
     outcomes = {}
     for variant in ("solutions", "examples"):
         text = (EXAMPLES / variant / name if variant == "solutions" else EXAMPLES / name).read_text()
