@@ -49,7 +49,7 @@ def _alone_on_lines(prefix: str, suffix: str) -> bool:
 
 def select_items(heldout: Path, limit: int) -> list[dict[str, Any]]:
     """Up to ``limit`` holes alone on their lines, balanced over the four kinds, one per source and kind."""
-    from training.data import INFILL_KINDS
+    from training.corpus import INFILL_KINDS
 
     by_kind: dict[str, list[dict[str, Any]]] = {k: [] for k in INFILL_KINDS}
     seen: set[tuple[str, str]] = set()
@@ -94,7 +94,7 @@ def main() -> int:
 
     from dice.validator import ValidatorPool
     from engine import load_engine
-    from training.data import read_all
+    from training.corpus import read_all
 
     refs = {s.group: s.ref_src for s in read_all(args.data)}
     items = [it for it in select_items(args.heldout, args.items * 2) if it["group"] in refs][: args.items]

@@ -100,7 +100,7 @@ def random_rows(batch: int, seq_len: int, vocab: int, docs_per_row: int, block: 
 def bench_one(preset: str, seq_len: int, batch: int, checkpointing: bool, steps: int, warmup: int) -> dict:
     from engine.model import DiceModel, ModelConfig
     from training.masks import build_block_mask
-    from training.sft import BlockDiffusionLM, compile_layers, noise_rows
+    from training.objective import BlockDiffusionLM, compile_layers, noise_rows
 
     dev = torch.device("cuda")
     torch.cuda.empty_cache()  # the previous configuration's model and optimizer are gone by now

@@ -83,8 +83,9 @@ def step_flops(rows_path: str, config, steps: int, global_batch: int) -> list[fl
     import torch
 
     from benchmarks.sft_bench import allowed_pairs, decoder_matmul_params
-    from training.data import PackedRows
-    from training.sft import EpochPermutation, noise_rows
+    from training.corpus import PackedRows
+    from training.objective import noise_rows
+    from training.rows import EpochPermutation
 
     rows = PackedRows.load(Path(rows_path))
     order = list(iter(EpochPermutation(len(rows), SEED)))  # epoch 0: the runs here stay inside it
@@ -152,9 +153,10 @@ def check_exports(one: Path, multi: Path, rows_path: str, out: Path) -> None:
     import torch
 
     from engine.checkpoint import load_model
-    from training.data import PackedRows
+    from training.corpus import PackedRows
     from training.masks import dense_mask
-    from training.sft import BlockDiffusionLM, EpochPermutation, noise_rows
+    from training.objective import BlockDiffusionLM, noise_rows
+    from training.rows import EpochPermutation
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
@@ -245,7 +247,7 @@ def main() -> None:
     data = a.data
     if a.synthetic_len:
         from benchmarks.sft_bench import random_rows
-        from training.data import PackedRows
+        from training.corpus import PackedRows
 
         gen = torch.Generator().manual_seed(SEED)
         ids, pos, doc, loss = random_rows(64, a.synthetic_len, config.vocab_size, 2, config.block_size, gen)

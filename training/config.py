@@ -23,7 +23,7 @@ class SFTConfig:
 
     data: str = field(
         metadata={
-            "help": "examples: .jsonl(.gz) of training.data.Example, or packed rows (.npz / .safetensors)"
+            "help": "examples: .jsonl(.gz) of training.corpus.Example, or packed rows (.npz / .safetensors)"
         }
     )
     out: str = field(

@@ -17,7 +17,7 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from training.data import INFILL_KINDS, Example, read_examples
+from training.corpus import INFILL_KINDS, Example, read_examples
 
 
 def _normalise(code: str) -> str:
@@ -58,7 +58,6 @@ def evaluate_heldout(
     seed: int = 0,
 ) -> dict:
     """Generate and compile held-out .cu infills; returns per-item records and a summary by kind."""
-    from dice.cuda_source import extract_device_code
     from dice.validator import ValidatorPool
     from engine import load_engine
 
@@ -68,68 +67,75 @@ def evaluate_heldout(
     started = time.perf_counter()
     with ValidatorPool(workers=2, timeout_s=60.0, gpu=False) as pool:
         for ex in items:
-            meta = ex.meta
             prompt_tokens = len(engine.tokenizer.encode(ex.prompt))
             if prompt_tokens + max_new_tokens > seq_len:
                 continue  # longer than anything the model was trained on
-            t0 = time.perf_counter()
-            best = engine.infill(
-                meta["prefix"],
-                meta["suffix"],
-                n=1,
-                max_new_tokens=max_new_tokens,
-                policy="static",
-                steps_per_block=4,
-                temperature=0.0,
-            )[0]
-            gen_s = time.perf_counter() - t0
-            reference = extract_device_code(meta["prefix"] + meta["middle"] + meta["suffix"]).source
-            candidate = extract_device_code(meta["prefix"] + best.text + meta["suffix"]).source
-            # Baseline: the file with the hole left empty (deleting a statement often still compiles).
-            empty = extract_device_code(meta["prefix"] + meta["suffix"]).source
-            futures = [pool.submit_cu(src, run=False) for src in (reference, candidate, empty)]
-            ref_v, cand_v, empty_v = (f.result() for f in futures)
-            records.append(
-                {
-                    "id": ex.id,
-                    "group": ex.group,
-                    "kind": meta["kind"],
-                    "prompt_tokens": prompt_tokens,
-                    "middle": meta["middle"],
-                    "candidate": best.text,
-                    "finished": best.finished,
-                    "confidence": best.confidence,
-                    "exact": _normalise(best.text) == _normalise(meta["middle"]),
-                    "reference_compiles": ref_v.compiled,
-                    "candidate_compiles": cand_v.compiled,
-                    "candidate_status": cand_v.status,
-                    "empty_compiles": empty_v.compiled,
-                    "generate_s": round(gen_s, 3),
-                }
-            )
+            records.append(_infill_record(engine, pool, ex, prompt_tokens, max_new_tokens))
     summary: dict = {"items": len(records), "seconds": round(time.perf_counter() - started, 1), "by_kind": {}}
-
-    def stats(rows: list[dict]) -> dict:
-        usable = [r for r in rows if r["reference_compiles"]]
-        compiled = sum(r["candidate_compiles"] for r in usable)
-        exact = sum(r["exact"] for r in usable)
-        empty = sum(r["empty_compiles"] for r in usable)
-        return {
-            "items": len(rows),
-            "reference_compiles": len(usable),
-            "top1_compiles": compiled,
-            "top1_compile_rate": round(compiled / len(usable), 4) if usable else None,
-            "empty_fill_compile_rate": round(empty / len(usable), 4) if usable else None,
-            "top1_exact_match": exact,
-            "top1_exact_rate": round(exact / len(usable), 4) if usable else None,
-            "finished": sum(r["finished"] for r in rows),
-            "statuses": dict(Counter(r["candidate_status"] for r in usable)),
-        }
-
-    summary.update(stats(records))
+    summary.update(_stats(records))
     for kind in INFILL_KINDS:
         rows = [r for r in records if r["kind"] == kind]
         if rows:
-            summary["by_kind"][kind] = stats(rows)
+            summary["by_kind"][kind] = _stats(rows)
     summary["groups"] = len({r["group"] for r in records})
     return {"summary": summary, "records": records}
+
+
+def _infill_record(engine, pool, ex: Example, prompt_tokens: int, max_new_tokens: int) -> dict:
+    """Fill one item's hole (greedy, static 4 steps per block) and compile the original, the filled and the
+    emptied file's device code."""
+    from dice.cuda_source import extract_device_code
+
+    meta = ex.meta
+    t0 = time.perf_counter()
+    best = engine.infill(
+        meta["prefix"],
+        meta["suffix"],
+        n=1,
+        max_new_tokens=max_new_tokens,
+        policy="static",
+        steps_per_block=4,
+        temperature=0.0,
+    )[0]
+    gen_s = time.perf_counter() - t0
+    reference = extract_device_code(meta["prefix"] + meta["middle"] + meta["suffix"]).source
+    candidate = extract_device_code(meta["prefix"] + best.text + meta["suffix"]).source
+    # Baseline: the file with the hole left empty (deleting a statement often still compiles).
+    empty = extract_device_code(meta["prefix"] + meta["suffix"]).source
+    futures = [pool.submit_cu(src, run=False) for src in (reference, candidate, empty)]
+    ref_v, cand_v, empty_v = (f.result() for f in futures)
+    return {
+        "id": ex.id,
+        "group": ex.group,
+        "kind": meta["kind"],
+        "prompt_tokens": prompt_tokens,
+        "middle": meta["middle"],
+        "candidate": best.text,
+        "finished": best.finished,
+        "confidence": best.confidence,
+        "exact": _normalise(best.text) == _normalise(meta["middle"]),
+        "reference_compiles": ref_v.compiled,
+        "candidate_compiles": cand_v.compiled,
+        "candidate_status": cand_v.status,
+        "empty_compiles": empty_v.compiled,
+        "generate_s": round(gen_s, 3),
+    }
+
+
+def _stats(rows: list[dict]) -> dict:
+    """Compile and exact-match rates of some records, over those whose original file compiles."""
+    usable = [r for r in rows if r["reference_compiles"]]
+    compiled = sum(r["candidate_compiles"] for r in usable)
+    exact = sum(r["exact"] for r in usable)
+    empty = sum(r["empty_compiles"] for r in usable)
+    return {
+        "items": len(rows),
+        "reference_compiles": len(usable),
+        "top1_compiles": compiled,
+        "top1_compile_rate": round(compiled / len(usable), 4) if usable else None,
+        "empty_fill_compile_rate": round(empty / len(usable), 4) if usable else None,
+        "top1_exact_match": exact,
+        "top1_exact_rate": round(exact / len(usable), 4) if usable else None,
+        "finished": sum(r["finished"] for r in rows),
+        "statuses": dict(Counter(r["candidate_status"] for r in usable)),
+    }

@@ -9,236 +9,34 @@ any split of the same rows over processes and accumulation steps gives the same 
 Noise is drawn from a generator seeded by (seed, epoch, row index): the same rows get the same noise on any
 number of processes and after a resume. Launch with ``accelerate launch`` and a config from
 ``training/configs/`` for several GPUs or nodes; the plain command runs on one device.
+
+The objective is :class:`training.objective.BlockDiffusionLM`; the rows come from :mod:`training.rows`. Read
+from :class:`SFTRecipe` down: setup, one training step, evaluate, save a checkpoint, export the final model.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import json
 import math
 import os
 import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from training.config import NCCL_SAFE_ENV, SFTConfig
-from training.losses import add_noise, weighted_masked_ce_sum
-from training.masks import build_block_mask, dense_mask
+from training.curves import write_curves
+from training.objective import BlockDiffusionLM, attention_mask_for, compile_layers, noise_rows
+from training.rows import EpochPermutation, RowDataset, load_rows
 
 # --------------------------------------------------------------------------------------------------------
-# The objective as one module, so DDP / FSDP / DeepSpeed wrap a single forward
-
-
-class BlockDiffusionLM(nn.Module):
-    """Wraps a ``DiceModel``; ``forward`` returns the summed 1/t-weighted CE of the masked tokens.
-
-    The lm_head runs on the masked positions of the noisy half only (SDAR's ``logits_to_keep``), so the
-    clean copy costs no vocabulary projection and the logits of unmasked tokens are never formed.
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def hidden_states(self, input_ids: Tensor, position_ids: Tensor, mask: Any) -> Tensor:
-        from engine.model import rope_cos_sin
-
-        inner = self.model
-        x = inner.model.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(position_ids, inner.config.head_dim, inner.config.rope_theta, x.dtype)
-        for layer in inner.model.layers:
-            if inner.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, mask, use_reentrant=False)
-            else:
-                x = layer(x, cos, sin, mask)
-        return x
-
-    def forward(
-        self,
-        noisy_ids: Tensor,
-        clean_ids: Tensor,
-        position_ids: Tensor,
-        mask: Any,
-        masked: Tensor,
-        p_mask: Tensor,
-    ) -> tuple[Tensor, Tensor]:
-        """(B, T) inputs -> (weighted CE sum, number of correct argmax predictions) over masked tokens."""
-        seq_len = clean_ids.shape[1]
-        ids = torch.cat([noisy_ids, clean_ids], dim=1)  # (B, 2T)
-        pos = torch.cat([position_ids, position_ids], dim=1)
-        h = self.hidden_states(ids, pos, mask)[:, :seq_len]  # (B, T, D): the noisy copy
-        h = self.model.model.norm(h[masked])  # (N, D)
-        logits = self.model.lm_head(h)  # (N, V)
-        targets = clean_ids[masked]
-        loss_sum = weighted_masked_ce_sum(logits, targets, p_mask[masked])
-        correct = (logits.detach().argmax(-1) == targets).sum()
-        return loss_sum, correct
-
-
-def noise_rows(
-    input_ids: Tensor,
-    loss_mask: Tensor,
-    doc_ids: Tensor,
-    row_index: Tensor,
-    *,
-    mask_id: int,
-    eps: float,
-    seed: int,
-    epoch: int,
-):
-    """Noise each row with its own generator seeded by (seed, epoch, row): independent of batching."""
-    from training.losses import Noised
-
-    parts = []
-    for i in range(input_ids.shape[0]):
-        gen = torch.Generator().manual_seed(_row_seed(seed, epoch, int(row_index[i])))
-        parts.append(
-            add_noise(
-                input_ids[i : i + 1],
-                loss_mask[i : i + 1],
-                doc_ids[i : i + 1],
-                mask_id,
-                eps=eps,
-                generator=gen,
-            )
-        )
-    return Noised(
-        noisy_ids=torch.cat([p.noisy_ids for p in parts]),
-        masked=torch.cat([p.masked for p in parts]),
-        p_mask=torch.cat([p.p_mask for p in parts]),
-    )
-
-
-def _row_seed(seed: int, epoch: int, row: int) -> int:
-    return (seed * 1_000_003 + epoch * 7_919 + row) % (2**62)
-
-
-def attention_mask_for(doc_ids: Tensor, block_size: int, impl: str) -> Any:
-    """The [noisy | clean] mask for a batch: a flex BlockMask, or a dense (B, 1, 2T, 2T) bool mask."""
-    if impl == "flex":
-        return build_block_mask(doc_ids, block_size)
-    return dense_mask(doc_ids, block_size)
-
-
-def compile_layers(model: nn.Module) -> None:
-    """Compile each decoder layer in place (state-dict keys unchanged); flex_attention is fused inside."""
-    for layer in model.model.layers:
-        layer.compile()
-
-
-# --------------------------------------------------------------------------------------------------------
-# Data
-
-
-class EpochPermutation(torch.utils.data.Sampler):
-    """A fresh permutation per epoch from (seed, epoch) alone: the same order on any process count and
-    after a resume (accelerate shards the batches of this one order over processes)."""
-
-    def __init__(self, n: int, seed: int) -> None:
-        self.n, self.seed, self.epoch = n, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self):
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return iter(torch.randperm(self.n, generator=gen).tolist())
-
-
-class RowDataset(torch.utils.data.Dataset):
-    def __init__(self, rows) -> None:
-        self.rows = rows
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int) -> dict[str, Tensor]:
-        r = self.rows
-        return {
-            "input_ids": r.input_ids[i],
-            "position_ids": r.position_ids[i],
-            "doc_ids": r.doc_ids[i],
-            "loss_mask": r.loss_mask[i],
-            "row_index": torch.tensor(i),
-        }
-
-
-def load_rows(path: str, tokenizer, seq_len: int, block_size: int):
-    """Packed rows from a .safetensors file, or tokenised and packed from a .jsonl of examples."""
-    from training.data import PackedRows, read_examples, tokenize_and_pack
-
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: data file not found")
-    if p.suffix in (".safetensors", ".npz"):
-        rows = PackedRows.load(p)
-        stats = {"rows": len(rows), "answer_tokens": int(rows.loss_mask.sum())}
-    else:
-        rows, stats = tokenize_and_pack(read_examples(p), tokenizer, seq_len=seq_len, block_size=block_size)
-    if len(rows) == 0:
-        raise ValueError(f"{p}: no rows (every example longer than --seq-len {seq_len}?)")
-    if rows.input_ids.shape[1] % block_size:
-        raise ValueError(
-            f"{p}: row length {rows.input_ids.shape[1]} is not a multiple of block size {block_size}"
-        )
-    return rows, stats
-
-
-# --------------------------------------------------------------------------------------------------------
-# Curves
-
-
-def write_curves(out: Path, history: list[dict], eval_history: list[dict]) -> None:
-    """loss_curve.csv / eval_curve.csv and one PNG with both."""
-    if history:
-        with open(out / "loss_curve.csv", "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(history[0]))
-            w.writeheader()
-            w.writerows(history)
-    if eval_history:
-        with open(out / "eval_curve.csv", "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(eval_history[0]))
-            w.writeheader()
-            w.writerows(eval_history)
-    if not history:
-        return
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
-    ax[0].plot([h["step"] for h in history], [h["loss"] for h in history], label="train (batch)", lw=0.8)
-    for i, n in enumerate(sorted({int(h.get("rows", 0)) for h in eval_history})):
-        pts = [h for h in eval_history if int(h.get("rows", 0)) == n]
-        style = dict(marker="o" if i == 0 else "*", ms=6 if i == 0 else 12, color=f"C{i + 1}")
-        label = f"held-out, {n} rows"
-        ax[0].plot([h["step"] for h in pts], [h["eval_loss"] for h in pts], label=label, **style)
-        ax[1].plot([h["step"] for h in pts], [h["eval_masked_acc"] for h in pts], label=label, **style)
-    ax[0].set_xlabel("step")
-    ax[0].set_ylabel("loss (1/t-weighted CE / answer token)")
-    ax[0].set_yscale("log")
-    ax[0].legend()
-    ax[1].set_xlabel("step")
-    ax[1].set_ylabel("held-out masked-token accuracy")
-    if eval_history:
-        ax[1].legend()
-    fig.tight_layout()
-    fig.savefig(out / "loss_curve.png", dpi=110)
-    plt.close(fig)
-
-
-# --------------------------------------------------------------------------------------------------------
-# Main
+# Setup helpers
 
 
 def _lr_lambda(total: int, warmup: int, floor: float):
@@ -305,122 +103,260 @@ def align_deepspeed_config(ds_config: dict, cfg: SFTConfig) -> None:
             )
 
 
-def main(cfg: SFTConfig) -> dict:
-    """Train; return a summary (steps, final loss, eval metrics, output paths)."""
-    for key, value in NCCL_SAFE_ENV.items():
-        os.environ.setdefault(key, value)
-    cfg.validate()
-    from accelerate import Accelerator
-    from accelerate.utils import GradientAccumulationPlugin, parse_flag_from_env, set_seed
+# --------------------------------------------------------------------------------------------------------
+# The recipe: setup, one training step, evaluate, save a checkpoint, export the final model
 
-    from engine.checkpoint import save_model
-    from engine.tokenizer import load_tokenizer
 
-    cuda = torch.cuda.is_available()
-    mixed = cfg.mixed_precision if cfg.mixed_precision != "auto" else ("bf16" if cuda else "no")
-    # cpu=True without CUDA: under torchrun (accelerate launch) the processes then join over gloo.
-    # Sync every grad_accum micro-batches only; not at the end of the loader, which accelerate sees one batch
-    # early because we draw a whole step's micro-batches before the first backward.
-    accum = GradientAccumulationPlugin(num_steps=cfg.grad_accum, sync_with_dataloader=False)
-    if not cuda and parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"):
-        # accelerate would quietly train without DeepSpeed (cpu=True) or, without it, count every process
-        # as rank 0 of 1 while DeepSpeed sees all of them (checked with accelerate 1.15, DeepSpeed 0.19.8)
-        raise RuntimeError(
-            "a DeepSpeed launch (ACCELERATE_USE_DEEPSPEED) needs CUDA GPUs; on CPU use "
-            "training/configs/cpu_gloo.yaml (several processes over gloo) or no launcher"
+@dataclass
+class TrainerState:
+    """What ``trainer_state.json`` restores besides accelerate's state: the step (epoch and data position
+    follow from it) and the curves so far."""
+
+    step: int = 0
+    epoch: int = 0
+    history: list[dict] = field(default_factory=list)
+    eval_history: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        state = {
+            "step": self.step,
+            "epoch": self.epoch,
+            "history": self.history,
+            "eval_history": self.eval_history,
+        }
+        return json.dumps(state)
+
+    @classmethod
+    def read(cls, path: Path) -> TrainerState:
+        state = json.loads(path.read_text())
+        return cls(state["step"], state["epoch"], state.get("history", []), state.get("eval_history", []))
+
+
+class SFTRecipe:
+    """``dice train sft`` in the phases :func:`main` calls in order: :meth:`setup`, :meth:`train`,
+    :meth:`finish` (the shape of torchtune's recipes)."""
+
+    def __init__(self, cfg: SFTConfig) -> None:
+        self.cfg = cfg
+        self.out = Path(cfg.out)
+        self.state = TrainerState()
+        self.tokens_seen = 0
+        self.started = time.perf_counter()
+
+    # ---------------------------------------------------------------------------------------------- setup
+
+    def setup(self) -> None:
+        """Accelerator, model and tokenizer, data, objective, optimizer and schedule, prepare, resume."""
+        self._setup_accelerator()
+        self._setup_model()
+        self._setup_data()
+        self._setup_objective()
+        self._setup_optimizer()
+        # The scheduler stays outside prepare(): accelerate would step it once per process per step.
+        self.objective, self.optimizer, self.loader = self.accelerator.prepare(
+            self.objective, self.optimizer, self.loader
         )
-    accelerator = Accelerator(gradient_accumulation_plugin=accum, mixed_precision=mixed, cpu=not cuda)
-    if accelerator.state.deepspeed_plugin is not None:
-        align_deepspeed_config(accelerator.state.deepspeed_plugin.deepspeed_config, cfg)
-    set_seed(cfg.seed)
-    out = Path(cfg.out)
-    if accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
+        self.accelerator.register_for_checkpointing(self.scheduler)
+        self._resume()
 
-    model, tokenizer_dir = build_model(cfg, accelerator.device)
-    block_size = model.config.block_size
-    mask_id = model.config.mask_token_id
-    tokenizer = load_tokenizer(tokenizer_dir, mask_id=mask_id)
-    if mask_id is None:
-        mask_id = tokenizer.mask_id
-    model.gradient_checkpointing = cfg.gradient_checkpointing
+    def _setup_accelerator(self) -> None:
+        from accelerate import Accelerator
+        from accelerate.utils import GradientAccumulationPlugin, parse_flag_from_env, set_seed
 
-    rows, data_stats = load_rows(cfg.data, tokenizer, cfg.seq_len, block_size)
-    if int(rows.input_ids.max()) >= model.config.vocab_size:
-        raise ValueError(
-            f"{cfg.data}: token id {int(rows.input_ids.max())} >= vocab_size {model.config.vocab_size}"
+        cfg = self.cfg
+        self.cuda = cuda = torch.cuda.is_available()
+        self.mixed = cfg.mixed_precision if cfg.mixed_precision != "auto" else ("bf16" if cuda else "no")
+        # cpu=True without CUDA: under torchrun (accelerate launch) the processes then join over gloo.
+        # Sync every grad_accum micro-batches only; not at the end of the loader, which accelerate sees one
+        # batch early because we draw a whole step's micro-batches before the first backward.
+        accum = GradientAccumulationPlugin(num_steps=cfg.grad_accum, sync_with_dataloader=False)
+        if not cuda and parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"):
+            # accelerate would quietly train without DeepSpeed (cpu=True) or, without it, count every process
+            # as rank 0 of 1 while DeepSpeed sees all of them (checked with accelerate 1.15, DeepSpeed 0.19.8)
+            raise RuntimeError(
+                "a DeepSpeed launch (ACCELERATE_USE_DEEPSPEED) needs CUDA GPUs; on CPU use "
+                "training/configs/cpu_gloo.yaml (several processes over gloo) or no launcher"
+            )
+        self.accelerator = Accelerator(
+            gradient_accumulation_plugin=accum, mixed_precision=self.mixed, cpu=not cuda
         )
-    eval_rows = None
-    if cfg.eval_data:
-        eval_rows, _ = load_rows(cfg.eval_data, tokenizer, cfg.seq_len, block_size)
-    attn_impl = cfg.attention if cfg.attention != "auto" else ("flex" if cuda else "dense")
-    if cfg.compile == "yes" or (cfg.compile == "auto" and cuda):
-        compile_layers(model)
+        if self.accelerator.state.deepspeed_plugin is not None:
+            align_deepspeed_config(self.accelerator.state.deepspeed_plugin.deepspeed_config, cfg)
+        set_seed(cfg.seed)
+        if self.accelerator.is_main_process:
+            self.out.mkdir(parents=True, exist_ok=True)
 
-    objective = BlockDiffusionLM(model)
-    sampler = EpochPermutation(len(rows), cfg.seed)
-    loader = torch.utils.data.DataLoader(
-        RowDataset(rows), batch_size=cfg.micro_batch_size, sampler=sampler, drop_last=True
-    )
-    fused = cuda and not accelerator.distributed_type.name.startswith("DEEPSPEED")
-    optimizer = torch.optim.AdamW(
-        objective.parameters(),
-        lr=cfg.lr,
-        betas=(0.9, cfg.adam_beta2),
-        weight_decay=cfg.weight_decay,
-        fused=fused or None,
-    )
-    world = accelerator.num_processes
-    steps_per_epoch = len(rows) // (cfg.micro_batch_size * world * cfg.grad_accum)
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"{len(rows)} rows are fewer than one global batch "
-            f"({cfg.micro_batch_size} x {world} processes x {cfg.grad_accum} accumulation)"
+    def _setup_model(self) -> None:
+        from engine.tokenizer import load_tokenizer
+
+        self.model, self.tokenizer_dir = build_model(self.cfg, self.accelerator.device)
+        self.block_size = self.model.config.block_size
+        mask_id = self.model.config.mask_token_id
+        self.tokenizer = load_tokenizer(self.tokenizer_dir, mask_id=mask_id)
+        self.mask_id = mask_id if mask_id is not None else self.tokenizer.mask_id
+        self.model.gradient_checkpointing = self.cfg.gradient_checkpointing
+
+    def _setup_data(self) -> None:
+        cfg = self.cfg
+        self.rows, self.data_stats = load_rows(cfg.data, self.tokenizer, cfg.seq_len, self.block_size)
+        top, vocab = int(self.rows.input_ids.max()), self.model.config.vocab_size
+        if top >= vocab:
+            raise ValueError(f"{cfg.data}: token id {top} >= vocab_size {vocab}")
+        self.eval_rows = None
+        if cfg.eval_data:
+            self.eval_rows, _ = load_rows(cfg.eval_data, self.tokenizer, cfg.seq_len, self.block_size)
+        self.sampler = EpochPermutation(len(self.rows), cfg.seed)
+        self.loader = torch.utils.data.DataLoader(
+            RowDataset(self.rows), batch_size=cfg.micro_batch_size, sampler=self.sampler, drop_last=True
         )
-    total_steps = cfg.max_steps or max(1, int(steps_per_epoch * cfg.epochs))
-    warmup = int(total_steps * cfg.warmup_ratio)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, _lr_lambda(total_steps, warmup, cfg.min_lr_ratio)
-    )
-    # The scheduler stays outside prepare(): accelerate would step it once per process per step.
-    objective, optimizer, loader = accelerator.prepare(objective, optimizer, loader)
-    accelerator.register_for_checkpointing(scheduler)
 
-    # Resume: accelerate restores weights, optimizer, scheduler and RNG; we restore step and data position.
-    step, epoch, history, eval_history = 0, 0, [], []
-    resume_dir = None
-    if cfg.resume:
-        resume_dir = _latest_checkpoint(out) if cfg.resume == "latest" else Path(cfg.resume)
+    def _setup_objective(self) -> None:
+        cfg = self.cfg
+        self.attn_impl = cfg.attention if cfg.attention != "auto" else ("flex" if self.cuda else "dense")
+        if cfg.compile == "yes" or (cfg.compile == "auto" and self.cuda):
+            compile_layers(self.model)
+        self.objective = BlockDiffusionLM(self.model)
+
+    def _setup_optimizer(self) -> None:
+        cfg = self.cfg
+        fused = self.cuda and not self.accelerator.distributed_type.name.startswith("DEEPSPEED")
+        self.optimizer = torch.optim.AdamW(
+            self.objective.parameters(),
+            lr=cfg.lr,
+            betas=(0.9, cfg.adam_beta2),
+            weight_decay=cfg.weight_decay,
+            fused=fused or None,
+        )
+        self.world = world = self.accelerator.num_processes
+        self.steps_per_epoch = len(self.rows) // (cfg.micro_batch_size * world * cfg.grad_accum)
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"{len(self.rows)} rows are fewer than one global batch "
+                f"({cfg.micro_batch_size} x {world} processes x {cfg.grad_accum} accumulation)"
+            )
+        self.total_steps = cfg.max_steps or max(1, int(self.steps_per_epoch * cfg.epochs))
+        warmup = int(self.total_steps * cfg.warmup_ratio)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, _lr_lambda(self.total_steps, warmup, cfg.min_lr_ratio)
+        )
+
+    def _resume(self) -> None:
+        """accelerate restores weights, optimizer, scheduler and RNG; we restore step and data position."""
+        cfg = self.cfg
+        if not cfg.resume:
+            return
+        resume_dir = _latest_checkpoint(self.out) if cfg.resume == "latest" else Path(cfg.resume)
         if resume_dir is None or not resume_dir.is_dir():
             raise FileNotFoundError(f"--resume {cfg.resume}: no checkpoint found")
-        accelerator.load_state(str(resume_dir))
-        state = json.loads((resume_dir / "trainer_state.json").read_text())
-        step, epoch = state["step"], state["epoch"]
-        history, eval_history = state.get("history", []), state.get("eval_history", [])
+        self.accelerator.load_state(str(resume_dir))
+        self.state = TrainerState.read(resume_dir / "trainer_state.json")
 
-    def save_checkpoint() -> Path:
-        path = out / "checkpoints" / f"step_{step}"
-        accelerator.save_state(str(path))
-        if accelerator.is_main_process:
-            state = {"step": step, "epoch": epoch, "history": history, "eval_history": eval_history}
-            (path / "trainer_state.json").write_text(json.dumps(state) + "\n")
-            (path / "sft_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
-        accelerator.wait_for_everyone()
-        return path
+    # ------------------------------------------------------------------------------------------- training
 
-    def batch_on_device(batch: dict[str, Tensor], ep: int):
+    def train(self) -> None:
+        """Steps until ``total_steps`` (or ``--max-minutes``), with logging, evaluation and checkpoints."""
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        s = self.state
+        progress = Progress(
+            TextColumn("[bold]sft"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            disable=not self.accelerator.is_main_process,
+        )
+        self.accelerator.print(
+            f"sft: {len(self.rows)} rows x {self.rows.input_ids.shape[1]} tokens, {self.world} process(es), "
+            f"{self.total_steps} steps, attention={self.attn_impl}, precision={self.mixed}, "
+            f"data={self.data_stats}"
+        )
+        if self.eval_rows is not None and s.step == 0:
+            s.eval_history.append({"step": 0, **self.evaluate()})  # the starting point of the held-out curve
+        self.started = time.perf_counter()
+        self.tokens_seen = 0
+        self._last_log = (time.perf_counter(), 0)
+        stop = False
+        self.objective.train()
+        with progress:
+            task = progress.add_task("sft", total=self.total_steps, completed=s.step, info="")
+            while s.step < self.total_steps and not stop:
+                stop = self._train_epoch(progress, task)
+
+    def _train_epoch(self, progress: Any, task: Any) -> bool:
+        """From the current step to the end of its epoch; True when ``--max-minutes`` stopped training."""
+        s, cfg = self.state, self.cfg
+        # Epoch and position follow from the step alone, so a resumed run reads exactly the same batches.
+        s.epoch, position = divmod(s.step, self.steps_per_epoch)
+        self.sampler.set_epoch(s.epoch)
+        skip = position * cfg.grad_accum
+        batches = iter(self.accelerator.skip_first_batches(self.loader, skip) if skip else self.loader)
+        for _ in range(self.steps_per_epoch - position):
+            if s.step >= self.total_steps:
+                break
+            step_loss, grad_norm = self.train_step([next(batches) for _ in range(cfg.grad_accum)])
+            s.step += 1
+            elapsed = time.perf_counter() - self.started
+            self._log_step(step_loss, grad_norm, elapsed)
+            progress.update(task, completed=s.step, info=f"loss {float(step_loss):.4f}")
+            if self._after_step(elapsed):
+                return True
+        return False
+
+    def train_step(self, micro: list[dict[str, Tensor]]) -> tuple[Tensor, Tensor | None]:
+        """One optimizer step over ``grad_accum`` micro-batches: the step's loss (over all processes) and the
+        gradient norm before clipping (None without ``--grad-clip``)."""
+        cfg, acc = self.cfg, self.accelerator
+        local_answer = sum(int(b["loss_mask"].sum()) for b in micro)
+        # clamp: a step whose rows hold no answer token contributes a zero loss, not a NaN.
+        global_answer = acc.reduce(
+            torch.tensor(float(local_answer), device=acc.device), reduction="sum"
+        ).clamp(min=1.0)
+        step_loss = torch.zeros((), device=acc.device)
+        grad_norm = None
+        for b in micro:
+            args = self._on_device(b, self.state.epoch)
+            with acc.accumulate(self.objective):
+                with acc.autocast():
+                    loss_sum, _ = self.objective(*args)
+                # accelerate divides by grad_accum and DDP/FSDP average over processes: undo both so the
+                # update is the gradient of (global weighted CE sum / global answer tokens).
+                loss = loss_sum / global_answer * self.world * cfg.grad_accum
+                acc.backward(loss)
+                grad_norm = None
+                if acc.sync_gradients and cfg.grad_clip > 0:
+                    grad_norm = acc.clip_grad_norm_(self.objective.parameters(), cfg.grad_clip)
+                    if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor of partial norms
+                        grad_norm = grad_norm.full_tensor()
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+            step_loss += loss_sum.detach() / global_answer
+            self.tokens_seen += b["input_ids"].numel() * self.world
+        self.scheduler.step()
+        return acc.reduce(step_loss, reduction="sum"), grad_norm
+
+    def _on_device(self, batch: dict[str, Tensor], epoch: int) -> tuple:
+        """The objective's arguments for a batch: noise drawn on the CPU per row, then moved to the device."""
         noised = noise_rows(
             batch["input_ids"].cpu(),
             batch["loss_mask"].cpu(),
             batch["doc_ids"].cpu(),
             batch["row_index"].cpu(),
-            mask_id=mask_id,
-            eps=cfg.eps,
-            seed=cfg.seed,
-            epoch=ep,
+            mask_id=self.mask_id,
+            eps=self.cfg.eps,
+            seed=self.cfg.seed,
+            epoch=epoch,
         )
-        dev = accelerator.device
-        mask = attention_mask_for(batch["doc_ids"].to(dev), block_size, attn_impl)
+        dev = self.accelerator.device
+        mask = attention_mask_for(batch["doc_ids"].to(dev), self.block_size, self.attn_impl)
         return (
             noised.noisy_ids.to(dev),
             batch["input_ids"].to(dev),
@@ -430,22 +366,62 @@ def main(cfg: SFTConfig) -> dict:
             noised.p_mask.to(dev),
         )
 
+    def _log_step(self, step_loss: Tensor, grad_norm: Tensor | None, elapsed: float) -> None:
+        s = self.state
+        if s.step % self.cfg.log_every == 0 or s.step == self.total_steps or s.step == 1:
+            now = time.perf_counter()
+            rate = (self.tokens_seen - self._last_log[1]) / max(1e-9, now - self._last_log[0])
+            self._last_log = (now, self.tokens_seen)
+            s.history.append(
+                {
+                    "step": s.step,
+                    "epoch": s.epoch,
+                    "loss": round(float(step_loss), 6),
+                    "lr": self.scheduler.get_last_lr()[0],
+                    "grad_norm": float(grad_norm) if grad_norm is not None else "",
+                    "tokens": self.tokens_seen,
+                    "tokens_per_s": round(rate, 1),
+                    "elapsed_s": round(elapsed, 2),
+                }
+            )
+
+    def _after_step(self, elapsed: float) -> bool:
+        """Periodic evaluation and checkpoint; True when ``--max-minutes`` is reached on any process."""
+        s, cfg, acc = self.state, self.cfg, self.accelerator
+        if self.eval_rows is not None and cfg.eval_every and s.step % cfg.eval_every == 0:
+            s.eval_history.append({"step": s.step, **self.evaluate()})
+            acc.print(f"step {s.step}: {s.eval_history[-1]}")
+        if cfg.save_every and s.step % cfg.save_every == 0:
+            self.save_checkpoint()
+            if acc.is_main_process:
+                write_curves(self.out, s.history, s.eval_history)
+        if cfg.max_minutes:
+            over = torch.tensor(float(elapsed > cfg.max_minutes * 60), device=acc.device)
+            if float(acc.reduce(over, reduction="max")) > 0:
+                acc.print(f"sft: stopping at step {s.step}: --max-minutes {cfg.max_minutes} reached")
+                return True
+        return False
+
+    # ---------------------------------------------------------------------------------- evaluate and save
+
     @torch.no_grad()
-    def evaluate(rows_wanted: int = cfg.eval_rows) -> dict[str, float]:
-        objective.eval()
-        n = min(len(eval_rows), rows_wanted)
-        mine = list(range(accelerator.process_index, n, world))
-        totals = torch.zeros(3, device=accelerator.device)  # loss sum, correct, answer tokens
-        for i in mine:
-            item = RowDataset(eval_rows)[i]
-            batch = {k: v[None] for k, v in item.items()}
+    def evaluate(self, rows_wanted: int | None = None) -> dict[str, float]:
+        """Loss and masked-token accuracy on the first ``rows_wanted`` (default ``--eval-rows``) held-out
+        rows, shared out over the processes."""
+        acc, eval_rows = self.accelerator, self.eval_rows
+        self.objective.eval()
+        n = min(len(eval_rows), self.cfg.eval_rows if rows_wanted is None else rows_wanted)
+        dataset = RowDataset(eval_rows)
+        totals = torch.zeros(3, device=acc.device)  # loss sum, correct, answer tokens
+        for i in range(acc.process_index, n, self.world):
+            batch = {k: v[None] for k, v in dataset[i].items()}
             # Fixed noise (epoch -1) so every evaluation sees the same masks.
-            args = batch_on_device(batch, -1)
-            with accelerator.autocast():
-                loss_sum, correct = objective(*args)
+            args = self._on_device(batch, -1)
+            with acc.autocast():
+                loss_sum, correct = self.objective(*args)
             totals += torch.stack([loss_sum.float(), correct.float(), args[4].sum().float()])
-        totals = accelerator.reduce(totals, reduction="sum")
-        objective.train()
+        totals = acc.reduce(totals, reduction="sum")
+        self.objective.train()
         answer = max(1.0, float(eval_rows.loss_mask[:n].sum()))
         return {
             "rows": n,
@@ -453,152 +429,84 @@ def main(cfg: SFTConfig) -> dict:
             "eval_masked_acc": float(totals[1] / totals[2].clamp(min=1)),
         }
 
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    def save_checkpoint(self) -> Path:
+        """accelerate's resumable state, the trainer state and the config in ``checkpoints/step_N``."""
+        s, acc = self.state, self.accelerator
+        path = self.out / "checkpoints" / f"step_{s.step}"
+        acc.save_state(str(path))
+        if acc.is_main_process:
+            (path / "trainer_state.json").write_text(s.to_json() + "\n")
+            (path / "sft_config.json").write_text(json.dumps(dataclasses.asdict(self.cfg), indent=2) + "\n")
+        acc.wait_for_everyone()
+        return path
 
-    progress = Progress(
-        TextColumn("[bold]sft"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        disable=not accelerator.is_main_process,
-    )
-    accelerator.print(
-        f"sft: {len(rows)} rows x {rows.input_ids.shape[1]} tokens, {world} process(es), "
-        f"{total_steps} steps, attention={attn_impl}, precision={mixed}, data={data_stats}"
-    )
-    if eval_rows is not None and step == 0:
-        eval_history.append({"step": 0, **evaluate()})  # the starting point of the held-out curve
-    started = time.perf_counter()
-    tokens_seen = 0
-    last_log = (time.perf_counter(), 0)
-    stop = False
-    objective.train()
-    with progress:
-        task = progress.add_task("sft", total=total_steps, completed=step, info="")
-        while step < total_steps and not stop:
-            # Epoch and position follow from the step alone, so a resumed run reads exactly the same batches.
-            epoch, position = divmod(step, steps_per_epoch)
-            sampler.set_epoch(epoch)
-            skip = position * cfg.grad_accum
-            batches = iter(accelerator.skip_first_batches(loader, skip) if skip else loader)
-            for _ in range(steps_per_epoch - position):
-                if step >= total_steps:
-                    break
-                micro = [next(batches) for _ in range(cfg.grad_accum)]
-                local_answer = sum(int(b["loss_mask"].sum()) for b in micro)
-                # clamp: a step whose rows hold no answer token contributes a zero loss, not a NaN.
-                global_answer = accelerator.reduce(
-                    torch.tensor(float(local_answer), device=accelerator.device), reduction="sum"
-                ).clamp(min=1.0)
-                step_loss = torch.zeros((), device=accelerator.device)
-                for b in micro:
-                    args = batch_on_device(b, epoch)
-                    with accelerator.accumulate(objective):
-                        with accelerator.autocast():
-                            loss_sum, _ = objective(*args)
-                        # accelerate divides by grad_accum and DDP/FSDP average over processes: undo both so
-                        # the update is the gradient of (global weighted CE sum / global answer tokens).
-                        loss = loss_sum / global_answer * world * cfg.grad_accum
-                        accelerator.backward(loss)
-                        grad_norm = None
-                        if accelerator.sync_gradients and cfg.grad_clip > 0:
-                            grad_norm = accelerator.clip_grad_norm_(objective.parameters(), cfg.grad_clip)
-                            if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor of partial norms
-                                grad_norm = grad_norm.full_tensor()
-                        optimizer.step()
-                        optimizer.zero_grad(set_to_none=True)
-                    step_loss += loss_sum.detach() / global_answer
-                    tokens_seen += b["input_ids"].numel() * world
-                scheduler.step()
-                step_loss = accelerator.reduce(step_loss, reduction="sum")
-                step += 1
-                elapsed = time.perf_counter() - started
-                if step % cfg.log_every == 0 or step == total_steps or step == 1:
-                    now = time.perf_counter()
-                    rate = (tokens_seen - last_log[1]) / max(1e-9, now - last_log[0])
-                    last_log = (now, tokens_seen)
-                    history.append(
-                        {
-                            "step": step,
-                            "epoch": epoch,
-                            "loss": round(float(step_loss), 6),
-                            "lr": scheduler.get_last_lr()[0],
-                            "grad_norm": float(grad_norm) if grad_norm is not None else "",
-                            "tokens": tokens_seen,
-                            "tokens_per_s": round(rate, 1),
-                            "elapsed_s": round(elapsed, 2),
-                        }
-                    )
-                progress.update(task, completed=step, info=f"loss {float(step_loss):.4f}")
-                if eval_rows is not None and cfg.eval_every and step % cfg.eval_every == 0:
-                    eval_history.append({"step": step, **evaluate()})
-                    accelerator.print(f"step {step}: {eval_history[-1]}")
-                if cfg.save_every and step % cfg.save_every == 0:
-                    save_checkpoint()
-                    if accelerator.is_main_process:
-                        write_curves(out, history, eval_history)
-                if cfg.max_minutes:
-                    over = torch.tensor(float(elapsed > cfg.max_minutes * 60), device=accelerator.device)
-                    if float(accelerator.reduce(over, reduction="max")) > 0:
-                        accelerator.print(
-                            f"sft: stopping at step {step}: --max-minutes {cfg.max_minutes} reached"
-                        )
-                        stop = True
-                        break
-
-    if eval_rows is not None:
-        final_rows = cfg.final_eval_rows or cfg.eval_rows
-        # Kept beside a periodic evaluation of the same step: the row counts differ (column "rows").
-        eval_history.append({"step": step, **evaluate(final_rows)})
-    if accelerator.is_main_process:
-        write_curves(out, history, eval_history)  # before the (long) saves: a failed save keeps the curves
-    ckpt = save_checkpoint() if cfg.save_state else None
-    final = out / "final"
-    state_dict = accelerator.get_state_dict(objective)
-    if accelerator.is_main_process:
+    def export_final(self) -> Path:
+        """The trained model in the engine's format (``out/final``), with tokenizer, config and curve."""
+        from engine.checkpoint import save_model
         from engine.model import DiceModel
 
-        with torch.device("meta"):  # no default init: every tensor comes from the state dict
-            export = DiceModel(model.config)
-        export.load_state_dict(
-            {k.removeprefix("model."): v for k, v in state_dict.items()}, strict=True, assign=True
-        )
-        if model.config.tie_word_embeddings:
-            export.tie_weights()
-        save_model(
-            export,
-            final,
-            tokenizer_dir=tokenizer_dir,
-            dtype=cfg.save_dtype,
-            max_shard_bytes=cfg.max_shard_mb * 2**20 if cfg.max_shard_mb else None,
-        )
-        (final / "sft_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
-        if (out / "loss_curve.png").is_file():
-            shutil.copyfile(out / "loss_curve.png", final / "loss_curve.png")
-    accelerator.wait_for_everyone()
-    summary = {
-        "steps": step,
-        "final_loss": history[-1]["loss"] if history else None,
-        "eval": eval_history[-1] if eval_history else None,
-        "checkpoint": str(ckpt) if ckpt is not None else None,
-        "final": str(final),
-        "elapsed_s": round(time.perf_counter() - started, 2),
-        "tokens": tokens_seen,
-        "processes": world,
-    }
-    if accelerator.is_main_process:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    accelerator.end_training()
-    return summary
+        cfg, acc, config = self.cfg, self.accelerator, self.model.config
+        final = self.out / "final"
+        state_dict = acc.get_state_dict(self.objective)
+        if acc.is_main_process:
+            with torch.device("meta"):  # no default init: every tensor comes from the state dict
+                export = DiceModel(config)
+            export.load_state_dict(
+                {k.removeprefix("model."): v for k, v in state_dict.items()}, strict=True, assign=True
+            )
+            if config.tie_word_embeddings:
+                export.tie_weights()
+            save_model(
+                export,
+                final,
+                tokenizer_dir=self.tokenizer_dir,
+                dtype=cfg.save_dtype,
+                max_shard_bytes=cfg.max_shard_mb * 2**20 if cfg.max_shard_mb else None,
+            )
+            (final / "sft_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+            if (self.out / "loss_curve.png").is_file():
+                shutil.copyfile(self.out / "loss_curve.png", final / "loss_curve.png")
+        acc.wait_for_everyone()
+        return final
+
+    def finish(self) -> dict:
+        """Final evaluation, curves, last checkpoint and export; the summary (also in ``summary.json``)."""
+        s, cfg, acc = self.state, self.cfg, self.accelerator
+        if self.eval_rows is not None:
+            final_rows = cfg.final_eval_rows or cfg.eval_rows
+            # Kept beside a periodic evaluation of the same step: the row counts differ (column "rows").
+            s.eval_history.append({"step": s.step, **self.evaluate(final_rows)})
+        if acc.is_main_process:
+            write_curves(
+                self.out, s.history, s.eval_history
+            )  # before the (long) saves: a failed save keeps them
+        ckpt = self.save_checkpoint() if cfg.save_state else None
+        final = self.export_final()
+        summary = {
+            "steps": s.step,
+            "final_loss": s.history[-1]["loss"] if s.history else None,
+            "eval": s.eval_history[-1] if s.eval_history else None,
+            "checkpoint": str(ckpt) if ckpt is not None else None,
+            "final": str(final),
+            "elapsed_s": round(time.perf_counter() - self.started, 2),
+            "tokens": self.tokens_seen,
+            "processes": self.world,
+        }
+        if acc.is_main_process:
+            (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        acc.end_training()
+        return summary
+
+
+def main(cfg: SFTConfig) -> dict:
+    """Train; return a summary (steps, final loss, eval metrics, output paths)."""
+    for key, value in NCCL_SAFE_ENV.items():
+        os.environ.setdefault(key, value)
+    cfg.validate()
+    recipe = SFTRecipe(cfg)
+    recipe.setup()
+    recipe.train()
+    return recipe.finish()
 
 
 def parse_args(argv: list[str] | None = None) -> SFTConfig:

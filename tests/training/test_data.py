@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from training.data import (
+from training.corpus import (
     ChatSpecials,
     CorpusConfig,
     Example,

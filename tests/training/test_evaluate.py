@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from training.data import Example
+from training.corpus import Example
 from training.evaluate import evaluate_heldout, select_infill_items
 
 SOURCE = """#include <torch/extension.h>

@@ -14,9 +14,10 @@ import torch
 from safetensors.torch import load_file
 
 from training.config import SFTConfig
-from training.data import Example
+from training.corpus import Example
 from training.masks import build_block_mask, dense_mask
-from training.sft import BlockDiffusionLM, main, noise_rows
+from training.objective import BlockDiffusionLM, noise_rows
+from training.sft import main
 
 REPO = Path(__file__).resolve().parents[2]
 
