@@ -5,6 +5,7 @@ offsets always refer to the UTF-8 encoding of the text; LSP positions are 0-base
 (:class:`PositionIndex` is the one place that converts between them).
 """
 
+from dice.cuda_source._syntax import parse_bytes
 from dice.cuda_source.device_code import DeviceCode, extract_device_code
 from dice.cuda_source.document import (
     CudaDocument,
@@ -33,6 +34,7 @@ __all__ = [
     "encode_text",
     "extract_device_code",
     "function_at",
+    "parse_bytes",
     "parse_document",
     "splice",
     "utf16_length",

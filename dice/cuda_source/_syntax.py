@@ -59,6 +59,8 @@ _local = threading.local()
 
 
 def parse_bytes(data: bytes) -> tree_sitter.Tree:
+    """The tree-sitter-cuda syntax tree of UTF-8 source bytes (one parser per thread): every parse of CUDA
+    text in the project goes through here."""
     parser = getattr(_local, "parser", None)
     if parser is None:
         parser = _local.parser = tree_sitter.Parser(LANGUAGE)

@@ -101,7 +101,7 @@ class Mask:
     function_end_byte: int | None
 
     def to_json(self) -> dict[str, Any]:
-        """The object ``dice masks --json`` prints for this mask (DESIGN.md section 3)."""
+        """The object ``dice masks --json`` prints for this mask (docs/CONTRACTS.md)."""
         return {
             "range": self.range.to_json(),
             "budget": self.budget,

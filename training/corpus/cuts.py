@@ -104,7 +104,7 @@ def infill_cuts(text: str) -> list[InfillCut]:
     """Every candidate hole of a CUDA source: statements, runs of 2-4 statements, loop bodies, device
     function bodies. Offsets are character offsets into ``text``."""
     # Imported here: tree-sitter is not needed to train (the device image lacks it).
-    from dice.cuda_source._syntax import parse_bytes
+    from dice.cuda_source import parse_bytes
 
     src = text.encode("utf-8")
     tree = parse_bytes(src)
