@@ -4,15 +4,18 @@ with host code, and with a ``dice-spec`` plus a GPU: inputs, launch, reference, 
 from __future__ import annotations
 
 import traceback
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dice.validator.compile import NVRTC_STD_OPTIONS, nvcc_compile_check, nvrtc_compile
-from dice.validator.kernelbench import speedup_flags
 from dice.validator.paths import cuda_include_dirs, default_arch
-from dice.validator.verdict import FLAG_NOT_RUN, Verdict
+from dice.validator.runtime_guards import Replaced, monkey_patch
+from dice.validator.spec_files import spec_folder_imports
+from dice.validator.verdict import FLAG_NOT_RUN, Verdict, speedup_flags
 
 if TYPE_CHECKING:
-    from dice.validator.worker import WorkerContext
+    from dice.validator.context import WorkerContext
+    from dice.validator.gpu import Timing
 
 DEFAULT_ATOL = 1e-2
 DEFAULT_RTOL = 1e-2
@@ -25,6 +28,7 @@ def run_cu(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, bool]:
 
     text: str = task["text"]
     filename: str = task.get("filename") or "kernel.cu"
+    folder: str | None = task.get("folder") or None
     run: bool = bool(task.get("run", True))
     arch = ctx.arch or default_arch()
     ctx.phase("build")
@@ -85,7 +89,25 @@ def run_cu(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, bool]:
         return compiled_only("no CUDA GPU on this machine")
 
     ctx.acquire_gpu()
-    return _run_spec(ctx, device.source, kernels, doc.spec.source, filename, checked, result.log)
+    return _run_spec(ctx, device.source, kernels, doc.spec.source, filename, checked, result.log, folder)
+
+
+@dataclass
+class _SpecRun:
+    """A dice-spec that ran correctly and was timed."""
+
+    atol: float
+    rtol: float
+    max_abs_err: float | None
+    ref_t: Timing
+    new_t: Timing
+
+
+class _Stage:
+    """What the run is doing now, for the message when it fails."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
 def _run_spec(
@@ -96,91 +118,109 @@ def _run_spec(
     filename: str,
     checked: list[str],
     compile_log: str,
+    folder: str | None = None,
 ) -> tuple[Verdict, bool]:
-    import cupy
-    import torch
+    # imported outside the try, as before: a broken CuPy or torch is the validator's error, not the spec's
+    import cupy  # noqa: F401
+    import torch  # noqa: F401
 
-    from dice.validator.gpu import L2Flusher, TorchModule, compare_outputs, time_cuda
+    import dice.validator.gpu  # noqa: F401
 
-    stage = "compiling the module with CuPy"
+    stage = _Stage("compiling the module with CuPy")
     try:
-        options = (*NVRTC_STD_OPTIONS, *(f"-I{d}" for d in cuda_include_dirs()))
-        raw = cupy.RawModule(code=source, options=options, backend="nvrtc", name_expressions=kernels or None)
-        module = TorchModule(raw)
-        stage = "executing the dice-spec block"
-        namespace: dict[str, Any] = {"__name__": "dice_spec"}
-        exec(compile(spec_source, f"{filename} (dice-spec)", "exec"), namespace)  # noqa: S102 - user's own spec
-        missing = [n for n in ("inputs", "reference", "launch") if not callable(namespace.get(n))]
-        if missing:
-            return Verdict(
-                "runtime_error",
-                True,
-                message="dice-spec must define inputs(), reference(*inputs) and "
-                f"launch(module, *inputs); missing: {', '.join(missing)}",
-            ), False
-        atol = float(namespace.get("atol", DEFAULT_ATOL))
-        rtol = float(namespace.get("rtol", DEFAULT_RTOL))
-        stage = "building inputs"
-        torch.manual_seed(0)
-        ref_inputs = list(namespace["inputs"]())
-        torch.manual_seed(0)
-        new_inputs = list(namespace["inputs"]())
-        stage = "running reference()"
-        ref_out = namespace["reference"](*ref_inputs)
-        stage = "running launch()"
-        new_out = namespace["launch"](module, *new_inputs)
-        torch.cuda.synchronize()
-        if new_out is None:
-            return Verdict(
-                "runtime_error",
-                True,
-                message="launch(module, *inputs) returned None: return the "
-                "output tensor(s) so they can be compared with reference()",
-            ), False
-        stage = "comparing"
-        cmp = compare_outputs(new_out, ref_out, atol=atol, rtol=rtol)
-        if not cmp.correct:
-            return Verdict(
-                "incorrect",
-                True,
-                False,
-                max_abs_err=cmp.max_abs_err,
-                message=f"incorrect: {cmp.message}",
-                log=compile_log,
-            ), False
-        stage = "timing"
-        flush = L2Flusher()
-        ref_t = time_cuda(
-            lambda *a: namespace["reference"](*a),
-            [ref_inputs],
-            warmup=CU_WARMUP,
-            trials=CU_TRIALS,
-            flush=flush,
-        )
-        new_t = time_cuda(
-            lambda *a: namespace["launch"](module, *a),
-            [new_inputs],
-            warmup=CU_WARMUP,
-            trials=CU_TRIALS,
-            flush=flush,
-        )
+        with spec_folder_imports(folder):
+            outcome = _check_spec(source, kernels, spec_source, filename, compile_log, stage)
     except Exception as exc:  # noqa: BLE001 - the kernel or the spec failed: that is the verdict
         # A CUDA fault (illegal address ...) poisons the context: the worker must be replaced.
         return Verdict(
             "runtime_error",
             True,
-            message=f"runtime error while {stage}: {type(exc).__name__}: {exc}",
+            message=f"runtime error while {stage.name}: {type(exc).__name__}: {exc}",
             log=traceback.format_exc(),
         ), True
-    violations = ctx.integrity.violations()
-    if violations:
+    if isinstance(outcome, Verdict):
+        return outcome, False
+    patched = monkey_patch(Replaced("the run", ctx.integrity.violations()))
+    if patched is not None:
+        return Verdict("rejected", True, message="monkey_patch: " + patched), True
+    return _correct_verdict(ctx, outcome, checked, compile_log), False
+
+
+def _check_spec(
+    source: str, kernels: list[str], spec_source: str, filename: str, compile_log: str, stage: _Stage
+) -> _SpecRun | Verdict:
+    """Compile the module, execute the dice-spec, compare ``launch`` with ``reference`` and time both; the
+    verdict when the spec is incomplete or the output wrong. ``stage`` follows the steps."""
+    import cupy
+    import torch
+
+    from dice.validator.gpu import L2Flusher, TorchModule, compare_outputs, time_cuda
+
+    options = (*NVRTC_STD_OPTIONS, *(f"-I{d}" for d in cuda_include_dirs()))
+    raw = cupy.RawModule(code=source, options=options, backend="nvrtc", name_expressions=kernels or None)
+    module = TorchModule(raw)
+    stage.name = "executing the dice-spec block"
+    namespace: dict[str, Any] = {"__name__": "dice_spec"}
+    exec(compile(spec_source, f"{filename} (dice-spec)", "exec"), namespace)  # noqa: S102 - user's own spec
+    missing = [n for n in ("inputs", "reference", "launch") if not callable(namespace.get(n))]
+    if missing:
         return Verdict(
-            "rejected", True, message="monkey_patch: the run replaced " + ", ".join(violations[:5])
-        ), True
+            "runtime_error",
+            True,
+            message="dice-spec must define inputs(), reference(*inputs) and "
+            f"launch(module, *inputs); missing: {', '.join(missing)}",
+        )
+    atol = float(namespace.get("atol", DEFAULT_ATOL))
+    rtol = float(namespace.get("rtol", DEFAULT_RTOL))
+    stage.name = "building inputs"
+    torch.manual_seed(0)
+    ref_inputs = list(namespace["inputs"]())
+    torch.manual_seed(0)
+    new_inputs = list(namespace["inputs"]())
+    stage.name = "running reference()"
+    ref_out = namespace["reference"](*ref_inputs)
+    stage.name = "running launch()"
+    new_out = namespace["launch"](module, *new_inputs)
+    torch.cuda.synchronize()
+    if new_out is None:
+        return Verdict(
+            "runtime_error",
+            True,
+            message="launch(module, *inputs) returned None: return the "
+            "output tensor(s) so they can be compared with reference()",
+        )
+    stage.name = "comparing"
+    cmp = compare_outputs(new_out, ref_out, atol=atol, rtol=rtol)
+    if not cmp.correct:
+        return Verdict(
+            "incorrect",
+            True,
+            False,
+            max_abs_err=cmp.max_abs_err,
+            message=f"incorrect: {cmp.message}",
+            log=compile_log,
+        )
+    stage.name = "timing"
+    flush = L2Flusher()
+    ref_t = time_cuda(
+        lambda *a: namespace["reference"](*a), [ref_inputs], warmup=CU_WARMUP, trials=CU_TRIALS, flush=flush
+    )
+    new_t = time_cuda(
+        lambda *a: namespace["launch"](module, *a),
+        [new_inputs],
+        warmup=CU_WARMUP,
+        trials=CU_TRIALS,
+        flush=flush,
+    )
+    return _SpecRun(atol, rtol, cmp.max_abs_err, ref_t, new_t)
+
+
+def _correct_verdict(ctx: WorkerContext, run: _SpecRun, checked: list[str], compile_log: str) -> Verdict:
+    ref_t, new_t = run.ref_t, run.new_t
     speedup = ref_t.mean_ms / new_t.mean_ms if new_t.mean_ms > 0 else None
     flags: list[str] = []
     message = (
-        f"correct (atol={atol:g}, rtol={rtol:g}); {speedup:.2f}x vs reference "
+        f"correct (atol={run.atol:g}, rtol={run.rtol:g}); {speedup:.2f}x vs reference "
         f"({ref_t.mean_ms:.4f} ms -> {new_t.mean_ms:.4f} ms, mean of {CU_TRIALS} after {CU_WARMUP} warm-up)"
     )
     extra_flags, note = speedup_flags(speedup)
@@ -199,11 +239,11 @@ def _run_spec(
         speedup=speedup,
         ref_ms=ref_t.mean_ms,
         new_ms=new_t.mean_ms,
-        max_abs_err=cmp.max_abs_err,
+        max_abs_err=run.max_abs_err,
         message=message,
         log=log,
         flags=flags,
-    ), False
+    )
 
 
 def _first_error(log: str, fallback: str) -> str:

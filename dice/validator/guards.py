@@ -3,7 +3,7 @@
 Each guard that fires gives a :class:`GuardHit` whose ``guard`` names it; the verdict's status is then
 ``rejected`` and its message quotes the hit. The dynamic guards (inputs mutated, outputs cached or aliased,
 lazy tensors, patched timers, work on side streams, kernels never launched) run in the worker
-(:mod:`dice.validator.kernelbench`).
+(:mod:`dice.validator.runtime_guards`).
 """
 
 from __future__ import annotations
@@ -46,9 +46,13 @@ class GuardHit:
     message: str
     line: int | None = None  # 1-based line in the candidate
 
+    @property
+    def where(self) -> str:
+        """`` (line N)``, or nothing when the line is unknown."""
+        return f" (line {self.line})" if self.line else ""
+
     def describe(self) -> str:
-        where = f" (line {self.line})" if self.line else ""
-        return f"{self.guard}: {self.message}{where}"
+        return f"{self.guard}: {self.message}{self.where}"
 
 
 @dataclass

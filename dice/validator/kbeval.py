@@ -104,22 +104,6 @@ def select_problems(
     return sorted(chosen, key=lambda p: (p.level, p.problem_id))
 
 
-_FENCE = re.compile(r"```(?P<lang>[\w+-]*)[ \t]*\n(?P<body>.*?)```", re.DOTALL)
-
-
-def extract_program(text: str) -> str:
-    """The python program in a model answer: the last fenced block that defines ``ModelNew``, else the last
-    python block, else the whole text."""
-    blocks = [(m.group("lang").lower(), m.group("body")) for m in _FENCE.finditer(text)]
-    with_model = [b for lang, b in blocks if "ModelNew" in b]
-    if with_model:
-        return with_model[-1]
-    python = [b for lang, b in blocks if lang in ("python", "py", "")]
-    if python:
-        return python[-1]
-    return text
-
-
 def sample_path(root: Path, problem: Problem, sample: int) -> Path:
     return root / f"level{problem.level}" / str(problem.problem_id) / f"sample_{sample}.py"
 

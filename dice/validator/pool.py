@@ -200,6 +200,7 @@ class _Task:
     payload: dict[str, Any]
     future: concurrent.futures.Future[Verdict]
     cache_key: str | None
+    cache_generation: int = 0
 
 
 class ValidatorPool:
@@ -240,6 +241,7 @@ class ValidatorPool:
         self._queue: queue.Queue[_Task | None] = queue.Queue()
         self._verdicts: OrderedDict[str, Verdict] | None = OrderedDict() if cache_verdicts else None
         self._cache_lock = threading.Lock()
+        self._cache_generation = 0  # bumped by clear_cache: older tasks' verdicts are not stored
         self._closed = False
         self._live: list[_Worker | None] = [None] * workers
         # A GPU worker takes ~10 s to start (torch, CUDA context, CUPTI); an editor starts some up front.
@@ -252,8 +254,15 @@ class ValidatorPool:
             thread.start()
 
     # ------------------------------------------------------------------------------------------ public
-    def validate_cu(self, text: str, *, run: bool = True, filename: str = "kernel.cu") -> Verdict:
-        return self.submit_cu(text, run=run, filename=filename).result()
+    def validate_cu(
+        self,
+        text: str,
+        *,
+        run: bool = True,
+        filename: str = "kernel.cu",
+        folder: str | os.PathLike[str] | None = None,
+    ) -> Verdict:
+        return self.submit_cu(text, run=run, filename=filename, folder=folder).result()
 
     def validate_kernelbench(
         self, ref_src: str, cand_src: str, *, strict: bool = False, timing: bool = True
@@ -261,10 +270,27 @@ class ValidatorPool:
         return self.submit_kernelbench(ref_src, cand_src, strict=strict, timing=timing).result()
 
     def submit_cu(
-        self, text: str, *, run: bool = True, filename: str = "kernel.cu"
+        self,
+        text: str,
+        *,
+        run: bool = True,
+        filename: str = "kernel.cu",
+        folder: str | os.PathLike[str] | None = None,
     ) -> concurrent.futures.Future[Verdict]:
-        """Compile a ``.cu`` file's device code; with a dice-spec, a GPU and ``run``, also run and time it."""
-        return self._submit({"kind": "cu", "text": text, "run": bool(run), "filename": Path(filename).name})
+        """Compile a ``.cu`` file's device code; with a dice-spec, a GPU and ``run``, also run and time it.
+
+        ``folder``: the folder of the user's file (None: unknown). The dice-spec can then import modules
+        beside the file (``import ref``), read afresh for every task; the verdict cache keys on it, and
+        :meth:`clear_cache` forgets verdicts when such a file changes.
+        """
+        payload = {
+            "kind": "cu",
+            "text": text,
+            "run": bool(run),
+            "filename": Path(filename).name,
+            "folder": None if folder is None else os.path.abspath(os.fspath(folder)),
+        }
+        return self._submit(payload)
 
     def submit_kernelbench(
         self, ref_src: str, cand_src: str, *, strict: bool = False, timing: bool = True
@@ -283,6 +309,14 @@ class ValidatorPool:
                 "timing": bool(timing),
             }
         )
+
+    def clear_cache(self) -> None:
+        """Forget every cached verdict (a file a dice-spec depends on changed). Tasks already submitted
+        do not store theirs: they may have read the old file."""
+        with self._cache_lock:
+            self._cache_generation += 1
+            if self._verdicts is not None:
+                self._verdicts.clear()
 
     def close(self) -> None:
         if self._closed:
@@ -324,7 +358,7 @@ class ValidatorPool:
             if hit is not None:
                 future.set_result(Verdict.from_json(hit.to_json()))
                 return future
-        self._queue.put(_Task(payload, future, key))
+        self._queue.put(_Task(payload, future, key, self._cache_generation))
         return future
 
     def _slot_loop(self, slot: int) -> None:
@@ -349,9 +383,10 @@ class ValidatorPool:
                 and verdict.status not in ("timeout", "runtime_error")
             ):
                 with self._cache_lock:
-                    self._verdicts[task.cache_key] = verdict
-                    while len(self._verdicts) > 1024:
-                        self._verdicts.popitem(last=False)
+                    if task.cache_generation == self._cache_generation:
+                        self._verdicts[task.cache_key] = verdict
+                        while len(self._verdicts) > 1024:
+                            self._verdicts.popitem(last=False)
             task.future.set_result(verdict)
 
     def _worker(self, slot: int) -> _Worker:

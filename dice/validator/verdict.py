@@ -1,4 +1,4 @@
-"""The validation verdict: one JSON object (DESIGN.md section 3), the same for the CLI, the LSP and RL."""
+"""The validation verdict: one JSON object (docs/CONTRACTS.md), the same for the CLI, the LSP and RL."""
 
 from __future__ import annotations
 
@@ -23,6 +23,14 @@ FLAG_CUSTOM_KERNELS_MINOR = "custom_kernels_minor"
 FLAG_LAUNCH_NOT_VERIFIED = "kernel_launch_not_verified"
 FLAG_NOT_RUN = "not_run"
 FLAG_CACHED = "cached_verdict"
+
+
+def speedup_flags(speedup: float | None) -> tuple[list[str], str]:
+    """Flags and a message suffix for a measured speedup (over 10x is flagged for review)."""
+    if speedup is not None and speedup > 10:
+        return [FLAG_SPEEDUP_OVER_10X], "; speedup over 10x: flagged for review"
+    return [], ""
+
 
 MAX_LOG_CHARS = 20_000
 
@@ -61,7 +69,7 @@ class Verdict:
         return self.status in ("correct", "compiled")
 
     def to_json(self) -> dict[str, Any]:
-        """The DESIGN.md verdict object plus ``flags`` and ``diagnostics``."""
+        """The verdict object of docs/CONTRACTS.md plus ``flags`` and ``diagnostics``."""
         return {
             "status": self.status,
             "compiled": self.compiled,

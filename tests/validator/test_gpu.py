@@ -233,3 +233,37 @@ def test_illegal_address_costs_one_worker(small_pool: ValidatorPool) -> None:
     assert v.status == "runtime_error", v.to_json()
     assert "illegal" in (v.message + v.log).lower()
     assert small_pool.validate_cu(SPEC_FILE).status == "correct"
+
+
+SIBLING = """__global__ void add(const float* a, const float* b, float* c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i];
+}
+/* dice-spec
+import numpy as np
+import torch
+from dice_gpu_sibling_ref import reference
+
+def inputs():
+    n = 1 << 16
+    return [torch.rand(n, device="cuda"), torch.rand(n, device="cuda"), n]
+
+def launch(module, a, b, n):
+    c = torch.empty_like(a)
+    module.add(((n + 255) // 256,), (256,), (a, b, c, np.int32(n)))
+    return c
+*/
+"""
+
+
+def test_cu_spec_imports_a_sibling_module_fresh_each_time(small_pool: ValidatorPool, tmp_path: Path) -> None:
+    ref = tmp_path / "dice_gpu_sibling_ref.py"
+    ref.write_text("def reference(a, b, n):\n    return a + b\n")
+    v = small_pool.validate_cu(SIBLING, filename=str(tmp_path / "add.cu"), folder=tmp_path)
+    assert v.status == "correct", v.to_json()
+    # the same worker (one slot) serves the next task: it must see the new file, not a cached module
+    ref.write_text("def reference(a, b, n):\n    return a - b\n")
+    v = small_pool.validate_cu(SIBLING, filename=str(tmp_path / "add.cu"), folder=tmp_path)
+    assert v.status == "incorrect", v.to_json()
+    v = small_pool.validate_cu(SIBLING, filename=str(tmp_path / "add.cu"))
+    assert v.status == "runtime_error" and "dice_gpu_sibling_ref" in v.message, v.to_json()

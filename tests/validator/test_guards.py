@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dice.validator.guards import analyze_candidate, static_guards
-from dice.validator.kernelbench import speedup_flags
 from dice.validator.reference import InvalidReference, check_reference
+from dice.validator.verdict import speedup_flags
 
 from .conftest import CANDIDATES, RELU_REF, candidate
 

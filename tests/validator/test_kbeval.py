@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from dice.cli import main
-from dice.validator.kbeval import extract_program, parse_int_set, pass_at_k, read_records, summarize
+from dice.validator.kbeval import parse_int_set, pass_at_k, read_records, summarize
+from engine.answers import extract_program
 
 from .conftest import RELU_REF, candidate
 
@@ -54,7 +55,7 @@ def test_summary_metrics_are_per_problem_averages() -> None:
 def test_extract_program_prefers_the_block_with_model_new() -> None:
     text = "intro\n```python\nprint(1)\n```\nthen\n```python\nclass ModelNew: pass\n```\n```bash\nls\n```"
     assert extract_program(text) == "class ModelNew: pass\n"
-    assert extract_program("class ModelNew: pass") == "class ModelNew: pass"
+    assert extract_program("class ModelNew: pass") == "class ModelNew: pass\n"  # the whole text, one newline
 
 
 def test_parse_int_set() -> None:

@@ -105,6 +105,27 @@ def test_parallel_submissions_and_verdict_cache(cpu_pool: ValidatorPool) -> None
     assert time.perf_counter() - start < 0.05
 
 
+def test_verdict_cache_keys_on_the_folder_and_can_be_cleared(cpu_pool: ValidatorPool, tmp_path: Path) -> None:
+    text = "__global__ void folder_key(float* x) { x[threadIdx.x] = 7.f; }\n"
+    cache = cpu_pool._verdicts
+    assert cache is not None
+    size = len(cache)
+    assert cpu_pool.validate_cu(text, folder=tmp_path / "a").status == "compiled"
+    assert cpu_pool.validate_cu(text, folder=str(tmp_path / "b")).status == "compiled"
+    assert cpu_pool.validate_cu(text).status == "compiled"
+    assert len(cache) == size + 3  # one verdict per folder (None: unknown)
+    assert cpu_pool.submit_cu(text, folder=tmp_path / "a").done()  # answered from the cache
+    cpu_pool.clear_cache()
+    assert len(cache) == 0
+    # a task submitted before clear_cache may have read the old files: its verdict is not kept
+    pending = cpu_pool.submit_cu(text.replace("7.f", "8.f"), folder=tmp_path)
+    cpu_pool.clear_cache()
+    assert pending.result(timeout=120).status == "compiled"
+    assert len(cache) == 0
+    assert cpu_pool.validate_cu(text, folder=tmp_path / "a").status == "compiled"
+    assert len(cache) == 1
+
+
 def probe(pool: ValidatorPool, **task) -> object:
     return pool._submit({"kind": "probe", **task}, use_cache=False).result(timeout=120)
 

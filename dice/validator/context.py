@@ -1,0 +1,121 @@
+"""What a task receives from its worker process: :class:`WorkerContext` (the GPU if any, folders, the GPU
+lock, phase reports) and :class:`Integrity` (the library functions a candidate must leave alone).
+
+The task modules (:mod:`dice.validator.cu`, :mod:`dice.validator.kernelbench`) import this module, never
+:mod:`dice.validator.worker`, which imports them to dispatch tasks.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+
+class Integrity:
+    """Identities of the library functions timing and comparison rely on, taken before any candidate runs."""
+
+    def __init__(self) -> None:
+        self._owners = self._collect_owners()
+        self._snapshot = {
+            (prefix, name): value
+            for prefix, owner in self._owners.items()
+            for name, value in vars(owner).items()
+            if callable(value) or isinstance(value, (staticmethod, classmethod, property))
+        }
+
+    @staticmethod
+    def _collect_owners() -> dict[str, Any]:
+        import time as time_module
+
+        owners: dict[str, Any] = {"time": time_module}
+        if "torch" in sys.modules:
+            import torch
+            import torch.nn.functional as functional
+
+            owners.update(
+                {
+                    "torch": torch,
+                    "torch.Tensor": torch.Tensor,
+                    "torch.nn.functional": functional,
+                    "torch.nn.Module": torch.nn.Module,
+                    "torch.cuda": torch.cuda,
+                    "torch.cuda.Event": torch.cuda.Event,
+                    "torch.testing": torch.testing,
+                    "torch.autograd.grad_mode": torch.autograd.grad_mode,
+                }
+            )
+        return owners
+
+    def violations(self) -> list[str]:
+        out = []
+        for (prefix, name), value in self._snapshot.items():
+            if vars(self._owners[prefix]).get(name) is not value:
+                out.append(f"{prefix}.{name}")
+        return out
+
+
+class WorkerContext:
+    """What a task needs from its worker: the GPU (if any), folders, the GPU lock and phase reports."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.gpu = os.environ.get("DICE_WORKER_GPU") == "1"
+        self.cache_dir = Path(os.environ["DICE_WORKER_CACHE"])
+        self.workdir = Path.cwd()
+        self.log_path = Path(os.environ["DICE_WORKER_LOG"])
+        self.gpu_lock_path = os.environ.get("DICE_GPU_LOCK")
+        self.arch: str | None = None
+        self.device_name: str | None = None
+        self.task_id: int | None = None
+        self._lock_fd: int | None = None
+        self._task_counter = 0
+        if self.gpu:
+            import torch
+
+            torch.cuda.init()
+            major, minor = torch.cuda.get_device_capability()
+            self.arch = f"{major}{minor}"
+            self.device_name = torch.cuda.get_device_name()
+            # One architecture only: load_inline otherwise builds for every arch it knows.
+            os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")
+            import torch.profiler
+            import torch.utils.cpp_extension  # noqa: F401 - imported before the integrity snapshot
+
+            # CUPTI's first start costs seconds; pay it here, in parallel with other workers, not under the
+            # GPU lock during the kernel-launch check.
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+                torch.ones(1, device="cuda").add_(1)
+                torch.cuda.synchronize()
+        self.integrity = Integrity()
+
+    def send(self, obj: dict[str, Any]) -> None:
+        self.out.write(json.dumps(obj) + "\n")
+        self.out.flush()
+
+    def phase(self, name: str) -> None:
+        self.send({"event": "phase", "id": self.task_id, "phase": name})
+
+    def acquire_gpu(self) -> None:
+        """Take this GPU's lock (shared by every pool on the machine), so runs and timings never overlap."""
+        self.phase("wait_gpu")
+        if self.gpu_lock_path and self._lock_fd is None:
+            fd = os.open(self.gpu_lock_path, os.O_CREAT | os.O_RDWR, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._lock_fd = fd
+        self.phase("run")
+
+    def release_gpu(self) -> None:
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def task_dir(self) -> Path:
+        self._task_counter += 1
+        path = self.workdir / f"task{self._task_counter}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
