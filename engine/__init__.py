@@ -3,6 +3,8 @@
 from engine.decode import GenerationOutput, StepEvent
 from engine.engine import Completion, Engine, load_engine
 from engine.errors import Cancelled, CheckpointError, ConfigError, UnsupportedArchitectureError
+from engine.interface import InferenceEngine
+from engine.locate import ModelChoice, choose_model
 from engine.model import DiceModel, ModelConfig
 
 __all__ = [
@@ -13,8 +15,11 @@ __all__ = [
     "DiceModel",
     "Engine",
     "GenerationOutput",
+    "InferenceEngine",
+    "ModelChoice",
     "ModelConfig",
     "StepEvent",
     "UnsupportedArchitectureError",
+    "choose_model",
     "load_engine",
 ]

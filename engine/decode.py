@@ -129,6 +129,37 @@ def prefill(
                 prefix_cache.store(keys[r], bs, *cache.read(r, offsets[r], len(keys[r])))
 
 
+@dataclass
+class _Rows:
+    """What the loop has collected per row, on the host (filled once per block by ``_collect_block``)."""
+
+    ids: list[list[int]]
+    steps: list[list[int]]
+    confidences: list[list[float]]
+    finished: list[bool]  # no more tokens for this row (stop id, ``until`` or the budget)
+    stopped: list[bool]  # finished by a stop id or ``until``, not by the budget
+
+    @classmethod
+    def empty(cls, b: int) -> _Rows:
+        return cls(
+            [[] for _ in range(b)], [[] for _ in range(b)], [[] for _ in range(b)], [False] * b, [False] * b
+        )
+
+    @property
+    def committed(self) -> int:
+        return sum(len(o) for o in self.ids)
+
+
+@dataclass
+class _Block:
+    """The block being denoised: its tokens and which of its slots are generated (not the prompt tail)."""
+
+    x: Tensor  # (B, bs) token ids, mask_id where not committed yet
+    generated: Tensor  # (B, bs) bool: slots that belong to the answer
+    step_map: Tensor  # (B, bs) the row's 1-based step that committed each slot (0: not committed)
+    conf_map: Tensor  # (B, bs) the confidence each slot was committed with
+
+
 @torch.inference_mode()
 def decode(
     runner: EagerRunner,
@@ -170,11 +201,6 @@ def decode(
     if prefill_blocks:
         prefill(runner, cache, prompts, full_blocks, offsets, s.pad_id, prefix_cache)
 
-    policy = POLICIES[s.policy]
-    schedule = transfer_schedule(bs, s.steps_per_block)
-    threshold_policy = s.policy != "static"
-    need_entropy = s.policy == "entropy"
-
     # First decode block: each row's prompt tail, then masks.
     x = torch.full((b, bs), s.mask_id, dtype=torch.long)
     for i, p in enumerate(prompts):
@@ -182,34 +208,85 @@ def decode(
             x[i, : tails[i]] = torch.tensor(p[len(p) - tails[i] :])
     x = x.to(device)
     generated = (arange_bs[None] >= torch.tensor(tails, device=device)[:, None]).clone()  # (B, bs)
-    row_steps = torch.zeros(b, 1, dtype=torch.long, device=device)
-
-    out_ids: list[list[int]] = [[] for _ in prompts]
-    out_steps: list[list[int]] = [[] for _ in prompts]
-    out_conf: list[list[float]] = [[] for _ in prompts]
-    finished = [False] * b
-    stopped = [False] * b
+    loop = _Loop(runner, cache, s, generator, on_step, device)
+    rows = _Rows.empty(b)
     active = torch.ones(b, 1, dtype=torch.bool, device=device)
     prev_clean: Tensor | None = None
-    total_steps = 0
-    committed_so_far = 0
     block = 0
-
     while True:
         start_slot = (prefill_blocks + block) * bs
         pos = start_slot + arange_bs[None] - offsets_t  # (B, bs)
+        # Steps a static block needs: its largest number of masked slots, spent by the schedule.
+        n_masked = bs - (min(tails) if block == 0 else 0)
+        current = loop.denoise_block(
+            x, generated, active, pos, start_slot, prev_clean, block, n_masked, rows.committed
+        )
+        _collect_block(current, rows, s, until)
+        if all(rows.finished):
+            break
+        active = torch.tensor([not f for f in rows.finished], device=device)[:, None]
+        prev_clean = current.x
+        x = torch.full((b, bs), s.mask_id, dtype=torch.long, device=device)
+        generated = torch.ones(b, bs, dtype=torch.bool, device=device)
+        block += 1
+
+    return GenerationOutput(rows.ids, rows.steps, rows.confidences, rows.stopped, loop.total_steps)
+
+
+class _Loop:
+    """The denoising half of the loop: the runner, the policy and the per-row step counters, across blocks."""
+
+    def __init__(
+        self,
+        runner: EagerRunner,
+        cache: KVCache,
+        settings: DecodeSettings,
+        generator: torch.Generator | None,
+        on_step: Callable[[StepEvent], None] | None,
+        device: torch.device | str,
+    ) -> None:
+        self.runner, self.cache, self.s = runner, cache, settings
+        self.generator, self.on_step, self.device = generator, on_step, device
+        self.policy = POLICIES[settings.policy]
+        self.schedule = transfer_schedule(settings.block_size, settings.steps_per_block)
+        self.threshold_policy = settings.policy != "static"
+        self.need_entropy = settings.policy == "entropy"
+        self.row_steps: Tensor | None = None  # (B, 1) steps each row has taken (made with the first block)
+        self.total_steps = 0
+
+    def _static_steps(self, n_masked: int) -> int:
+        steps, spent = 0, 0
+        while spent < n_masked:
+            spent += self.schedule[min(steps, len(self.schedule) - 1)]
+            steps += 1
+        return steps
+
+    def denoise_block(
+        self,
+        x: Tensor,
+        generated: Tensor,
+        active: Tensor,
+        pos: Tensor,
+        start_slot: int,
+        prev_clean: Tensor | None,
+        block: int,
+        n_masked: int,
+        committed_before: int,
+    ) -> _Block:
+        """Denoise one block until the policy has committed every slot (threshold policies) or the static
+        schedule is spent. The first forward also carries ``prev_clean``, the previous block, which writes
+        its clean K/V; committed tokens are never re-masked."""
+        s, bs, device = self.s, self.s.block_size, self.device
+        b = x.shape[0]
+        if self.row_steps is None:
+            self.row_steps = torch.zeros(b, 1, dtype=torch.long, device=device)
         masked = generated & active
         step_map = torch.zeros(b, bs, dtype=torch.long, device=device)
         conf_map = torch.zeros(b, bs, dtype=torch.float32, device=device)
-        # Steps a static block needs: its largest number of masked slots, spent by the schedule.
-        n_masked = bs - (min(tails) if block == 0 else 0)
-        static_steps, spent = 0, 0
-        while spent < n_masked:
-            spent += schedule[min(static_steps, len(schedule) - 1)]
-            static_steps += 1
+        static_steps = self._static_steps(n_masked)
         step = 0
         while True:
-            if threshold_policy:
+            if self.threshold_policy:
                 if not bool(masked.any()):
                     break
             elif step >= static_steps:
@@ -222,52 +299,46 @@ def decode(
             else:
                 ids, ids_pos = x, pos
                 start = torch.full((1,), start_slot, dtype=torch.long, device=device)  # no H2D copy
-            logits = runner.step(cache, ids, ids_pos, start, bs)  # (B, bs, V)
+            logits = self.runner.step(self.cache, ids, ids_pos, start, bs)  # (B, bs, V)
             logits[..., s.mask_id] = float("-inf")  # the mask token is never a prediction
             tokens, confidence, entropy = sample_tokens(
-                logits, s.sampling, generator, need_entropy=need_entropy
+                logits, s.sampling, self.generator, need_entropy=self.need_entropy
             )
-            quota = schedule[min(step, len(schedule) - 1)]
-            commit = policy(confidence, entropy, masked, quota, s.threshold) & masked
-            row_steps += masked.any(-1, keepdim=True)
+            quota = self.schedule[min(step, len(self.schedule) - 1)]
+            commit = self.policy(confidence, entropy, masked, quota, s.threshold) & masked
+            self.row_steps += masked.any(-1, keepdim=True)
             x = torch.where(commit, tokens, x)
-            step_map = torch.where(commit, row_steps, step_map)
+            step_map = torch.where(commit, self.row_steps, step_map)
             conf_map = torch.where(commit, confidence, conf_map)
             masked = masked & ~commit
             step += 1
-            total_steps += 1
-            if on_step is not None:
-                event = StepEvent(
-                    block, step - 1, total_steps, committed_so_far + int((generated & ~masked).sum())
-                )
-                on_step(event)
+            self.total_steps += 1
+            if self.on_step is not None:
+                committed = committed_before + int((generated & ~masked).sum())
+                self.on_step(StepEvent(block, step - 1, self.total_steps, committed))
+        return _Block(x, generated, step_map, conf_map)
 
-        # Block complete: one host sync to collect it and decide which rows stop.
-        x_host, steps_host, conf_host = x.tolist(), step_map.tolist(), conf_map.tolist()
-        gen_host = generated.tolist()
-        for i in range(b):
-            if finished[i]:
+
+def _collect_block(
+    block: _Block, rows: _Rows, s: DecodeSettings, until: Callable[[int, list[int]], bool] | None
+) -> None:
+    """The collecting half: one host sync per block to append its committed tokens to each unfinished row
+    and decide which rows stop (a stop id, ``until``, or the token budget)."""
+    x_host, steps_host, conf_host = block.x.tolist(), block.step_map.tolist(), block.conf_map.tolist()
+    gen_host = block.generated.tolist()
+    for i in range(len(x_host)):
+        if rows.finished[i]:
+            continue
+        for j in range(len(x_host[i])):
+            if not gen_host[i][j] or len(rows.ids[i]) >= s.max_new_tokens:
                 continue
-            for j in range(bs):
-                if not gen_host[i][j] or len(out_ids[i]) >= s.max_new_tokens:
-                    continue
-                if x_host[i][j] in s.stop_ids:
-                    finished[i] = stopped[i] = True
-                    break
-                out_ids[i].append(x_host[i][j])
-                out_steps[i].append(steps_host[i][j])
-                out_conf[i].append(conf_host[i][j])
-            if not finished[i] and until is not None and until(i, out_ids[i]):
-                finished[i] = stopped[i] = True
-            if len(out_ids[i]) >= s.max_new_tokens:
-                finished[i] = True
-        committed_so_far = sum(len(o) for o in out_ids)
-        if all(finished):
-            break
-        active = torch.tensor([not f for f in finished], device=device)[:, None]
-        prev_clean = x
-        x = torch.full((b, bs), s.mask_id, dtype=torch.long, device=device)
-        generated = torch.ones(b, bs, dtype=torch.bool, device=device)
-        block += 1
-
-    return GenerationOutput(out_ids, out_steps, out_conf, stopped, total_steps)
+            if x_host[i][j] in s.stop_ids:
+                rows.finished[i] = rows.stopped[i] = True
+                break
+            rows.ids[i].append(x_host[i][j])
+            rows.steps[i].append(steps_host[i][j])
+            rows.confidences[i].append(conf_host[i][j])
+        if not rows.finished[i] and until is not None and until(i, rows.ids[i]):
+            rows.finished[i] = rows.stopped[i] = True
+        if len(rows.ids[i]) >= s.max_new_tokens:
+            rows.finished[i] = True

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from engine.cpu_threads import CpuThreadPolicy
 from engine.decode import DecodeSettings, GenerationOutput, StepEvent, decode, prefill
 from engine.errors import CheckpointError
 from engine.kv_cache import PrefixCache
+from engine.locate import resolve_model_path
 from engine.model import DiceModel, ModelConfig
 from engine.prompts import extract_middle, infill_opening, infill_prompt, kernelbench_prompt
 from engine.runner import CudaGraphRunner, EagerRunner
@@ -26,7 +26,6 @@ from engine.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
-EMBEDDED_MODEL = Path(__file__).resolve().parent / "models" / "dice-tiny"
 # Below this size a CPU forward is a few tiny matmuls: a thread whose core another process holds makes each
 # op wait (measured 2.4-20x slower on a loaded 2-core machine), so such models use only the cores that are
 # idle at the time of the request (engine.cpu_threads).
@@ -53,21 +52,6 @@ class Completion:
     step_map: list[int]
     token_ids: list[int]
     finished: bool  # the answer ended (suffix start / stop token) rather than running out of tokens
-
-
-def resolve_model_path(path: str | Path | None) -> Path:
-    """path, else $DICE_MODEL, else the embedded dice-tiny folder; a clear error when it is missing."""
-    if path is not None and str(path) != "":
-        return Path(path).expanduser()
-    env = os.environ.get("DICE_MODEL")
-    if env:
-        return Path(env).expanduser()
-    if not (EMBEDDED_MODEL / "config.json").is_file():
-        raise CheckpointError(
-            f"the embedded model folder {EMBEDDED_MODEL} is missing or empty; pass a checkpoint path "
-            "or set DICE_MODEL to a DICE/SDAR checkpoint folder"
-        )
-    return EMBEDDED_MODEL
 
 
 def _resolve_device(device: str | torch.device | None) -> torch.device:

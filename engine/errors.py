@@ -16,4 +16,12 @@ class UnsupportedArchitectureError(CheckpointError):
 
 
 class Cancelled(Exception):  # noqa: N818 - reads better at call sites than CancelledError
-    """Raised by an ``on_step`` callback to stop a generation between denoising steps."""
+    """Raised by an ``on_step`` callback to stop a generation between denoising steps.
+
+    ``reason`` says why: "cancel" (the caller gave up on the request) or "deadline" (its latency budget ran
+    out, and what was generated so far is not wanted either).
+    """
+
+    def __init__(self, reason: str = "cancel") -> None:
+        super().__init__(reason)
+        self.reason = reason

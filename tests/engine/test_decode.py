@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import engine.locate
 from engine import Cancelled, CheckpointError, Engine, StepEvent, load_engine
-from engine import engine as engine_module
 from engine.sampling import (
     SamplingParams,
     dynamic_policy,
@@ -283,7 +283,7 @@ def test_load_engine_resolution(tiny_ckpt, tmp_path, monkeypatch):
     assert eng.path == tiny_ckpt and eng.name == "dice-tiny" and eng.device.type == "cpu"
     assert eng.dtype == torch.float32 and eng.mask_id == eng.tokenizer.mask_id
     monkeypatch.delenv("DICE_MODEL")
-    monkeypatch.setattr(engine_module, "EMBEDDED_MODEL", tmp_path / "models" / "dice-tiny")
+    monkeypatch.setattr(engine.locate, "EMBEDDED_MODEL", tmp_path / "models" / "dice-tiny")
     with pytest.raises(CheckpointError, match=r"models/dice-tiny is missing"):
         load_engine(None)
     with pytest.raises(CheckpointError, match="not found"):
