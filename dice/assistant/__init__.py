@@ -1,9 +1,9 @@
 """The assistant service: masks -> prompts -> engine -> validator -> ranking, used by the CLI and dice-lsp."""
 
 from dice.assistant.ranking import rank, rank_key
-from dice.assistant.service import AssistantService, extract_program
+from dice.assistant.service import AssistantService
+from dice.assistant.settings import SETTINGS, AssistantSettings
 from dice.assistant.types import (
-    AssistantSettings,
     Candidate,
     DocumentCompletion,
     MaskCompletion,
@@ -13,6 +13,7 @@ from dice.assistant.types import (
 )
 
 __all__ = [
+    "SETTINGS",
     "AssistantService",
     "AssistantSettings",
     "Candidate",
@@ -21,7 +22,6 @@ __all__ = [
     "ModelInfo",
     "Progress",
     "RankedProgram",
-    "extract_program",
     "rank",
     "rank_key",
 ]

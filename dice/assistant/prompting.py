@@ -6,7 +6,7 @@ with the other masks left as holes, and the file's ``dice-spec`` reference as se
 
 Where the hole is cut is a property of the model (``infill_holes`` in a ``dice.json`` beside its weights):
 "byte" (default) cuts at the mask comment's own bytes, the shape dice-tiny's ``.cu`` holes were trained on
-(``training.data.infill_cuts``: a statement's bytes, so the prefix ends with the line's indentation); "line"
+(``training.corpus.infill_cuts``: a statement's bytes, so the prefix ends with the line's indentation); "line"
 moves the cut of a mask alone on its line(s) to whole lines, and ``InfillRequest.mask_fill`` maps the
 generated lines back onto the comment's range.
 """

@@ -1,4 +1,5 @@
-"""Value types of the assistant service: settings, progress events and results (see docs/INTERNALS.md)."""
+"""Value types of the assistant service: progress events and results (see docs/INTERNALS.md); the settings
+are in ``dice.assistant.settings``."""
 
 from __future__ import annotations
 
@@ -7,82 +8,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from lsprotocol.types import TextEdit
-
-    from dice.cuda_source import Mask
+    from dice.cuda_source import Mask, TextEdit
     from dice.validator import Verdict
 
-ValidationLevel = Literal["none", "compile", "run"]
 Stage = Literal["loading", "generating", "validating"]
-
-# Default new-token budget of a whole generated program (DICE evaluates with up to 4096).
-PROGRAM_MAX_NEW_TOKENS = 2048
-
-_POLICIES = ("static", "dynamic", "entropy")
-_DEVICES = ("auto", "cpu", "cuda")
-_LEVELS = ("none", "compile", "run")
-
-
-@dataclass(frozen=True)
-class AssistantSettings:
-    """What the user can configure; mirrors the LSP/VS Code ``dice.*`` settings (INTERNALS.md).
-
-    ``max_latency_ms`` <= 0 means no latency budget (the command line's default). Candidate 0 of every
-    mask is greedy; the others are sampled at ``sample_temperature`` from ``seed`` so that a request is
-    reproducible (and therefore cacheable).
-    """
-
-    model_path: str | None = None
-    device: str = "auto"
-    candidates: int = 3
-    block_size: int = 4
-    steps_per_block: int = 4
-    policy: str = "dynamic"
-    threshold: float = 0.9
-    max_latency_ms: int = 2000
-    validation_level: ValidationLevel = "run"
-    max_new_tokens: int = 256
-    sample_temperature: float = 0.8
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.device not in _DEVICES and not self.device.startswith("cuda:"):
-            problems.append(f"device must be one of {', '.join(_DEVICES)} (or cuda:N), got {self.device!r}")
-        if self.policy not in _POLICIES:
-            problems.append(f"policy must be one of {', '.join(_POLICIES)}, got {self.policy!r}")
-        if self.validation_level not in _LEVELS:
-            problems.append(
-                f"validation_level must be one of {', '.join(_LEVELS)}, got {self.validation_level!r}"
-            )
-        for name in ("candidates", "block_size", "steps_per_block", "max_new_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                problems.append(f"{name} must be a positive integer, got {value!r}")
-        if self.policy == "entropy":  # there the threshold is an entropy budget in nats
-            if not self.threshold > 0.0:
-                problems.append(f"threshold must be > 0 for the entropy policy, got {self.threshold!r}")
-        elif not 0.0 < self.threshold <= 1.0:
-            problems.append(f"threshold must be in (0, 1], got {self.threshold!r}")
-        if self.sample_temperature <= 0.0:
-            problems.append(f"sample_temperature must be > 0, got {self.sample_temperature!r}")
-        if problems:
-            raise ValueError("; ".join(problems))
-
-    def replace(self, **changes: Any) -> AssistantSettings:
-        return dataclasses.replace(self, **changes)
-
-    def decode_key(self) -> tuple[Any, ...]:
-        """The settings that change what the model produces (part of every cache key)."""
-        return (
-            self.block_size,
-            self.steps_per_block,
-            self.policy,
-            self.threshold,
-            self.max_new_tokens,
-            self.sample_temperature,
-            self.seed,
-        )
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ class _Completion:
     text: str
     confidence: float
     step_map: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -103,10 +104,18 @@ class CountingEngine:
 
 class ScriptedEngine:
     """An engine whose fills are given by the test (for exact ranking and write cases); it calls
-    ``on_step`` ``steps`` times per generation like the real decode loop, so cancellation is exercised."""
+    ``on_step`` ``steps`` times per generation like the real decode loop, so cancellation is exercised.
+    It implements ``engine.InferenceEngine`` (no tokenizer: prompts are fitted by a byte estimate)."""
 
     name = "scripted"
     device = "cpu"
+    dtype = "float32"
+    num_parameters = 0
+    path = None
+    tokenizer = None
+
+    def prime_prefix_cache(self, text: str | None = None) -> int:
+        return 0
 
     def __init__(
         self,

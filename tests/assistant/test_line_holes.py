@@ -205,7 +205,7 @@ def test_embedded_model_on_tiled_matmul_is_deterministic(shared_pool, capsys) ->
 async def test_embedded_model_with_line_holes(tmp_path: Path, validator_pool) -> None:
     """The real dice-tiny weights told to use whole-line holes: the fill is mapped back onto the comment
     (no indentation of its own, no line break) and the rest of the file is unchanged."""
-    from engine.engine import EMBEDDED_MODEL
+    from engine.locate import EMBEDDED_MODEL
 
     model = tmp_path / "dice-tiny-lines"
     shutil.copytree(EMBEDDED_MODEL, model)

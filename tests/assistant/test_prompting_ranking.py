@@ -101,7 +101,7 @@ def test_rank_is_stable_and_handles_unvalidated() -> None:
 
 
 def test_lru_is_bounded_by_count_and_weight() -> None:
-    from dice.assistant.service import _LRU
+    from dice.assistant.caches import LRU as _LRU
 
     lru: _LRU[str, str] = _LRU(3, max_weight=10, weight=len)
     for key in "abc":

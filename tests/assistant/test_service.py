@@ -227,7 +227,9 @@ async def test_cancelling_the_task_stops_the_model_thread(tiny_engine) -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     at_cancel = engine.steps
-    await asyncio.sleep(0.2)  # twenty steps' worth: a thread that kept decoding would show here
+    # the model thread runs one job at a time: this returns once the cancelled generation has ended, so a
+    # generation that kept decoding to its end (64 steps) would show here, with no timing to guess
+    await service.wait_idle()
     assert engine.steps <= at_cancel + 1
     # the model thread is free: the next (short) request runs to the end
     service.update_settings(settings.replace(max_new_tokens=4))
@@ -305,7 +307,7 @@ async def test_generate_kernel_ranks_validated_programs(
 
 
 def test_blank_means_whitespace_and_comments_only() -> None:
-    from dice.assistant.service import _is_blank
+    from dice.assistant.fills import is_blank as _is_blank
 
     assert _is_blank("  \n\t") and _is_blank("// TODO\n  /* later */ ") and _is_blank("/* unterminated")
     assert not _is_blank('printf("// not a comment");') and not _is_blank("x = 1; // set x")
@@ -348,3 +350,33 @@ async def test_loading_primes_the_prompt_opening(tiny_checkpoint) -> None:
     await service.complete_document(TWO_MASKS, mask_indices=[0])
     assert engine.prefix_cache.reused_tokens - before >= len(opening) // 4 * 4 - 4
     service.close()
+
+
+async def test_invalidate_forgets_verdicts_but_keeps_fills(scripted_engine_factory, validator_pool) -> None:
+    """What the language server calls when a file a dice-spec imports changed: every verdict (and every
+    document result holding one) is computed again; the fills, whose prompt did not change, are not."""
+    engine = scripted_engine_factory(_fills_for_two_masks)
+    settings = AssistantSettings(candidates=1, validation_level="compile", max_latency_ms=0)
+    service = AssistantService(settings, engine=engine, validator=validator_pool)
+    await service.complete_document(TWO_MASKS)
+    again = await service.complete_document(TWO_MASKS)
+    assert again.from_cache and service.stats["document_cache_hits"] == 1
+    calls, validations = service.stats["engine_calls"], service.stats["validations"]
+
+    service.invalidate()
+    fresh = await service.complete_document(TWO_MASKS)
+    assert not fresh.from_cache
+    assert service.stats["engine_calls"] == calls  # fills came from the fill cache
+    assert service.stats["validations"] > validations  # verdicts were computed again, not read back
+
+
+async def test_cursor_in_host_code_is_not_a_hole(scripted_engine_factory) -> None:
+    """One rule for the editor and the service (dice.assistant.rules.implicit_mask_at): kernels and device
+    functions only. The service used to fill host bodies that the editor never offered and nothing checked."""
+    engine = scripted_engine_factory(lambda p, s, n, t: [("x = 1;", 0.9)])
+    service = AssistantService(AssistantSettings(candidates=1, validation_level="none"), engine=engine)
+    text = "void host_helper(int* out) {\n    \n}\n__global__ void k(float* y) {\n    \n}\n"
+    host = text.index("{\n    ") + 6
+    kernel = text.index("{\n    ", host) + 6
+    assert (await service.complete_at(text, host)).masks == [] and engine.requests == []
+    assert len((await service.complete_at(text, kernel)).masks) == 1
