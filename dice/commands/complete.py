@@ -9,12 +9,19 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from dice.cli import CliError, read_text_file, write_atomically
+from dice.commands.common import CliError, read_text_file, write_atomically
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from dice.assistant import AssistantSettings, DocumentCompletion
+    from dice.cuda_source import CudaDocument
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from dice.assistant.console import add_settings_arguments
+    from dice.commands.console import add_settings_arguments
 
     parser = subparsers.add_parser(
         "complete",
@@ -53,14 +60,7 @@ def unified_diff(path: Path, before: str, after: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dice.assistant.console import (
-        ProgressDisplay,
-        check_model_path,
-        first_line,
-        settings_from_args,
-        stderr_console,
-        verdict_label,
-    )
+    from dice.commands.console import check_model_path, settings_from_args, stderr_console
     from dice.cuda_source import parse_document
 
     console = stderr_console(args.quiet)
@@ -69,19 +69,8 @@ def run(args: argparse.Namespace) -> int:
     doc = parse_document(text)
     if not doc.masks:
         if args.json:
-            print(
-                json.dumps(
-                    {
-                        "file": str(path),
-                        "model": None,
-                        "masks": [],
-                        "best_verdict": None,
-                        "partial": False,
-                        "from_cache": False,
-                    },
-                    indent=2,
-                )
-            )
+            empty = {"file": str(path), "model": None, "masks": [], "best_verdict": None}
+            print(json.dumps({**empty, "partial": False, "from_cache": False}, indent=2))
         console.print(f"No masks in {path}: nothing to fill (a mask is a comment such as /* <MASK> */).")
         return 0
     try:
@@ -93,11 +82,34 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(problem)
     if args.force and not args.write:
         raise CliError("--force only makes sense with --write")
+    result = _fill(args, console, settings, path, text, doc)
+    _report(console, result)
+    if args.json:
+        print(json.dumps({"file": str(path), **result.to_json()}, indent=2, ensure_ascii=False))
+    if args.write:
+        _write(console, settings, path, text, result, force=args.force)
+    elif not args.json:
+        if result.best_text == text:
+            console.print(
+                "No mask got a usable fill: nothing to change (try more --candidates or a larger model)."
+            )
+        sys.stdout.write(unified_diff(path, text, result.best_text))
+    return 0
 
+
+def _fill(
+    args: argparse.Namespace,
+    console: Console,
+    settings: AssistantSettings,
+    path: Path,
+    text: str,
+    doc: CudaDocument,
+) -> DocumentCompletion:
+    """Load the model, say what will be checked, fill every mask."""
     from dice.assistant import AssistantService
+    from dice.commands.console import ProgressDisplay
 
     with AssistantService(settings) as service:
-        plural = "s" if len(doc.masks) != 1 else ""
         try:
             with console.status("Loading the model…", spinner="dots"):
                 info = asyncio.run(service.load())
@@ -111,15 +123,20 @@ def run(args: argparse.Namespace) -> int:
                 console.print(f"No dice-spec in {path}: candidates are compile-checked only.")
         elif settings.validation_level == "none":
             console.print("Validation is off: candidates are not compiled.")
+        plural = "s" if len(doc.masks) != 1 else ""
         console.print(
             f"Filling {len(doc.masks)} mask{plural} in {path}, {settings.candidates} candidate"
             f"{'s' if settings.candidates != 1 else ''} each."
         )
         with ProgressDisplay(console, enabled=not args.quiet) as display:
             try:
-                result = asyncio.run(service.complete_document(text, progress=display, filename=path.name))
+                return asyncio.run(service.complete_document(text, progress=display, filename=path))
             except ValueError as exc:  # e.g. a dice-spec reference too long for the model's context
                 raise CliError(f"{path}: {exc}") from exc
+
+
+def _report(console: Console, result: DocumentCompletion) -> None:
+    from dice.validator.verdict import first_line, verdict_label
 
     for mc in result.masks:
         best = mc.best
@@ -149,33 +166,35 @@ def run(args: argparse.Namespace) -> int:
             f"{stats.get('validate_s', 0):.2f}s ({int(stats.get('steps', 0))} denoising steps)."
         )
 
-    if args.json:
-        payload = {"file": str(path), **result.to_json()}
-        print(json.dumps(payload, indent=2, ensure_ascii=False))
-    if args.write:
-        if not any(mc.candidates for mc in result.masks):
-            raise CliError(f"not writing {path}: the model produced no usable fill", code=1)
-        verdict = result.best_verdict
-        compiled = verdict is not None and verdict.compiled
-        if not compiled and not args.force:
-            why = (
-                "validation is off"
-                if settings.validation_level == "none"
-                else "no candidate combination compiled"
-            )
-            raise CliError(
-                f"not writing {path}: {why}; pass --force to write the best-ranked fills anyway", code=1
-            )
-        if read_text_file(path) != text:
-            raise CliError(
-                f"{path} changed on disk while DICE was working; not writing (run it again)", code=1
-            )
-        write_atomically(path, result.best_text)
-        console.print(f"Wrote {path} ({len(result.masks)} mask{plural} filled).")
-    elif not args.json:
-        if result.best_text == text:
-            console.print(
-                "No mask got a usable fill: nothing to change (try more --candidates or a larger model)."
-            )
-        sys.stdout.write(unified_diff(path, text, result.best_text))
-    return 0
+
+def _write(
+    console: Console,
+    settings: AssistantSettings,
+    path: Path,
+    text: str,
+    result: DocumentCompletion,
+    *,
+    force: bool,
+) -> None:
+    """``--write``: only fills that are usable (``dice.assistant.rules.usable``, as the editor shows them)
+    unless ``--force``, and never over an edit made on disk meanwhile."""
+    from dice.assistant.rules import usable
+    from dice.validator.verdict import verdict_label
+
+    if not any(mc.candidates for mc in result.masks):
+        raise CliError(f"not writing {path}: the model produced no usable fill", code=1)
+    verdict = result.best_verdict
+    if not usable(verdict, settings.validation_level) and not force:
+        why = (
+            "no candidate combination compiled"
+            if verdict is None or not verdict.compiled
+            else f"the best fills together are {verdict_label(verdict)}"
+        )
+        raise CliError(
+            f"not writing {path}: {why}; pass --force to write the best-ranked fills anyway", code=1
+        )
+    if read_text_file(path) != text:
+        raise CliError(f"{path} changed on disk while DICE was working; not writing (run it again)", code=1)
+    write_atomically(path, result.best_text)
+    plural = "s" if len(result.masks) != 1 else ""
+    console.print(f"Wrote {path} ({len(result.masks)} mask{plural} filled).")

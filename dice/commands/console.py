@@ -1,10 +1,9 @@
-"""Terminal presentation shared by ``dice complete`` and ``dice generate``: verdict labels, rich progress,
-and the settings flags both commands take."""
+"""Terminal presentation shared by ``dice complete`` and ``dice generate``: rich progress and the settings
+flags both commands take (verdict labels are ``dice.validator.verdict.verdict_label``)."""
 
 from __future__ import annotations
 
 import argparse
-import os
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -19,25 +18,11 @@ from rich.progress import (
 )
 from rich.progress import Progress as RichProgress
 
-from dice.assistant.types import AssistantSettings, Progress
+from dice.assistant.settings import BY_NAME, AssistantSettings
+from dice.assistant.types import Progress
 
 if TYPE_CHECKING:
-    from dice.validator import Verdict
-
-
-def verdict_label(verdict: Verdict | None) -> str:
-    """ "compiled ✓ · correct ✓ · 2.3× vs PyTorch" and friends: the one-line summary users see."""
-    if verdict is None:
-        return "not validated"
-    label = verdict.summary()
-    if verdict.status == "rejected" and verdict.message:
-        label += f": {first_line(verdict.message)}"
-    return label
-
-
-def first_line(message: str, limit: int = 100) -> str:
-    line = (message or "").strip().splitlines()[0] if (message or "").strip() else ""
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+    pass
 
 
 class ProgressDisplay:
@@ -79,8 +64,10 @@ class ProgressDisplay:
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser, *, count_flag: str, count_default: int) -> None:
-    """Model selection and decoding flags; defaults are AssistantSettings' (the LSP's) except where noted."""
-    d = AssistantSettings()
+    """Model selection and decoding flags. Defaults and choices are the settings table's
+    (``dice.assistant.settings.SETTINGS``, the editor's too), except: the candidate count (``count_default``:
+    ``complete`` 3, ``generate`` 4) and the latency budget (none: a command waits for the whole answer)."""
+    d = BY_NAME
     parser.add_argument(
         "--model", metavar="PATH", help="checkpoint folder (default: $DICE_MODEL, else the embedded model)"
     )
@@ -92,31 +79,38 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, count_flag: str, 
         dest="count",
         help=f"candidates per request (default {count_default}; the first is greedy)",
     )
-    parser.add_argument("--device", default=d.device, help="auto, cpu, cuda or cuda:N (default auto)")
+    parser.add_argument(
+        "--device", default=d["device"].default, help="auto, cpu, cuda or cuda:N (default auto)"
+    )
     parser.add_argument(
         "--validation",
-        choices=["none", "compile", "run"],
-        default=d.validation_level,
+        choices=list(d["validation_level"].choices),
+        default=d["validation_level"].default,
         help="compile only, or also run and time against the reference when a GPU exists",
     )
     parser.add_argument(
         "--max-new-tokens",
         type=int,
-        default=d.max_new_tokens,
+        default=d["max_new_tokens"].default,
         metavar="N",
         help="most new tokens per candidate (a <MASK:N> budget lowers it for its mask)",
     )
-    parser.add_argument("--block-size", type=int, default=d.block_size, metavar="N")
-    parser.add_argument("--steps-per-block", type=int, default=d.steps_per_block, metavar="N")
-    parser.add_argument("--policy", choices=["static", "dynamic", "entropy"], default=d.policy)
-    parser.add_argument("--threshold", type=float, default=d.threshold)
+    parser.add_argument("--block-size", type=int, default=d["block_size"].default, metavar="N")
+    parser.add_argument("--steps-per-block", type=int, default=d["steps_per_block"].default, metavar="N")
+    parser.add_argument("--policy", choices=list(d["policy"].choices), default=d["policy"].default)
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=d["threshold"].default,
+        help="confidence threshold of the dynamic policy, in (0, 1]; the entropy policy's budget in nats",
+    )
     parser.add_argument(
         "--temperature",
         type=float,
-        default=d.sample_temperature,
+        default=d["sample_temperature"].default,
         help="sampling temperature of the candidates after the first (greedy) one",
     )
-    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--seed", type=int, default=d["seed"].default)
     parser.add_argument(
         "--max-latency-ms",
         type=int,
@@ -147,17 +141,9 @@ def settings_from_args(args: argparse.Namespace) -> AssistantSettings:
 
 def check_model_path(path: str | None) -> str | None:
     """A problem with the chosen model folder, said before anything is loaded (None when it looks usable)."""
-    chosen = path or os.environ.get("DICE_MODEL") or None
-    if chosen is None:
-        return None
-    origin = "--model" if path else "$DICE_MODEL"
-    if not os.path.exists(chosen):
-        return f"{origin} {chosen}: no such folder"
-    if not os.path.isdir(chosen):
-        return f"{origin} {chosen}: not a folder (a checkpoint is a folder with config.json)"
-    if not os.path.isfile(os.path.join(chosen, "config.json")):
-        return f"{origin} {chosen}: no config.json in it (not a checkpoint folder)"
-    return None
+    from engine.locate import choose_model
+
+    return choose_model(path).problem("--model")
 
 
 def stderr_console(quiet: bool) -> Console:

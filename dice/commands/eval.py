@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dice.cli import CliError
+from dice.commands.common import CliError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -108,7 +108,8 @@ class _Generator:
         return (path.read_text(encoding="utf-8") if path.is_file() else None), str(path)
 
     def _generate(self, problem: Any) -> None:
-        from dice.validator.kbeval import extract_program, sample_path
+        from dice.validator.kbeval import sample_path
+        from engine.answers import extract_program
 
         if self._engine is None:
             from engine import CheckpointError, ConfigError, load_engine
@@ -135,39 +136,11 @@ class _Generator:
 
 def run_kernelbench(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from dice.validator import InvalidReference, ValidatorPool, Verdict
-    from dice.validator.kbeval import (
-        find_problems_file,
-        load_problems,
-        parse_int_set,
-        plot_speedups,
-        read_records,
-        select_problems,
-        summarize,
-    )
+    from dice.validator import ValidatorPool
+    from dice.validator.kbeval import plot_speedups, read_records, summarize
 
-    if args.samples < 1:
-        raise CliError("--samples must be at least 1")
-    try:
-        levels = parse_int_set(args.level, "--level")
-        ids = parse_int_set(args.problems, "--problems") if args.problems else None
-        ks = parse_int_set(args.k, "--k") if args.k else sorted({1, args.samples})
-        problems_file = find_problems_file(args.problems_file)
-        problems = select_problems(load_problems(problems_file), levels, ids)
-    except (ValueError, FileNotFoundError) as exc:
-        raise CliError(str(exc)) from exc
-    if any(k > args.samples for k in ks):
-        raise CliError(f"pass@k needs k <= --samples ({args.samples})")
-    if not problems:
-        raise CliError(
-            f"no problems in {problems_file} match --level {args.level}"
-            + (f" --problems {args.problems}" if args.problems else "")
-        )
-    if args.generations is not None and not args.generations.is_dir():
-        raise CliError(f"{args.generations}: no such folder")
-
+    levels, ks, problems_file, problems = _select(args)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     verdicts_path = out / "verdicts.jsonl"
@@ -179,71 +152,14 @@ def run_kernelbench(args: argparse.Namespace) -> int:
         f"KernelBench: {len(problems)} problems × {args.samples} samples from {problems_file}; "
         f"{len(todo)} to validate ({len(problems) * args.samples - len(todo)} already in {verdicts_path})"
     )
-
-    generator = _Generator(args, out)
-    records = [
-        r
-        for r in old
-        if (r["level"], r["problem_id"], r["sample"])
-        in {(p.level, p.problem_id, k) for p in problems for k in range(args.samples)}
-    ]
+    wanted = {(p.level, p.problem_id, k) for p in problems for k in range(args.samples)}
+    records = [r for r in old if (r["level"], r["problem_id"], r["sample"]) in wanted]
     start = time.perf_counter()
     with (
         ValidatorPool(args.workers, timeout_s=args.timeout, build_timeout_s=args.build_timeout) as pool,
         verdicts_path.open("a", encoding="utf-8") as sink,
-        Progress(
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        ) as progress,
     ):
-        bar = progress.add_task("validating", total=len(todo))
-        pending: dict[concurrent.futures.Future[Verdict], dict[str, Any]] = {}
-
-        def record(meta: dict[str, Any], verdict: Verdict) -> None:
-            rec = {**meta, "verdict": verdict.to_json()}
-            sink.write(json.dumps(rec) + "\n")
-            sink.flush()
-            records.append(rec)
-            progress.advance(bar)
-            progress.update(bar, description=f"L{meta['level']}/{meta['problem_id']}: {verdict.status}")
-
-        def drain(limit: int) -> None:
-            while len(pending) > limit:
-                finished, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
-                for fut in finished:
-                    record(pending.pop(fut), fut.result())
-
-        for problem, sample in todo:
-            meta = {
-                "level": problem.level,
-                "problem_id": problem.problem_id,
-                "name": problem.name,
-                "sample": sample,
-            }
-            progress.update(bar, description=f"L{problem.level}/{problem.problem_id} sample {sample}")
-            program, source = generator.program(problem, sample)
-            meta["source"] = source
-            if program is None:
-                record(meta, Verdict("compile_error", False, message=f"no program: {source} is missing"))
-                continue
-            try:
-                pending[
-                    pool.submit_kernelbench(
-                        problem.code, program, strict=args.strict, timing=not args.no_timing
-                    )
-                ] = meta
-            except InvalidReference as exc:
-                console.print(
-                    f"[yellow]skipping level {problem.level} problem {problem.problem_id}: {exc}[/]"
-                )
-                progress.advance(bar)
-                continue
-            drain(2 * pool.workers)
-        drain(0)
+        records += _validate(args, console, pool, _Generator(args, out), todo, sink)
 
     summary = summarize(records, ks)
     summary["meta"] = {
@@ -265,6 +181,91 @@ def run_kernelbench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     return 0
+
+
+def _select(args: argparse.Namespace) -> tuple[list[int], list[int], Path, list[Any]]:
+    """Levels, pass@k values, the problems file and the problems the flags ask for; CliError otherwise."""
+    from dice.validator.kbeval import find_problems_file, load_problems, parse_int_set, select_problems
+
+    if args.samples < 1:
+        raise CliError("--samples must be at least 1")
+    try:
+        levels = parse_int_set(args.level, "--level")
+        ids = parse_int_set(args.problems, "--problems") if args.problems else None
+        ks = parse_int_set(args.k, "--k") if args.k else sorted({1, args.samples})
+        problems_file = find_problems_file(args.problems_file)
+        problems = select_problems(load_problems(problems_file), levels, ids)
+    except (ValueError, FileNotFoundError) as exc:
+        raise CliError(str(exc)) from exc
+    if any(k > args.samples for k in ks):
+        raise CliError(f"pass@k needs k <= --samples ({args.samples})")
+    if not problems:
+        raise CliError(
+            f"no problems in {problems_file} match --level {args.level}"
+            + (f" --problems {args.problems}" if args.problems else "")
+        )
+    if args.generations is not None and not args.generations.is_dir():
+        raise CliError(f"{args.generations}: no such folder")
+    return levels, ks, problems_file, problems
+
+
+def _validate(
+    args: argparse.Namespace,
+    console: Any,
+    pool: Any,
+    generator: _Generator,
+    todo: list[tuple[Any, int]],
+    sink: Any,
+) -> list[dict[str, Any]]:
+    """Validate every (problem, sample) of ``todo`` on ``pool``, at most two per worker in flight; each
+    record is appended to ``sink`` as it finishes (so an interrupted run resumes). Returns the records."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dice.validator import InvalidReference, Verdict
+
+    records: list[dict[str, Any]] = []
+    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=console, transient=False) as progress:
+        bar = progress.add_task("validating", total=len(todo))
+        pending: dict[concurrent.futures.Future[Verdict], dict[str, Any]] = {}
+
+        def record(meta: dict[str, Any], verdict: Verdict) -> None:
+            rec = {**meta, "verdict": verdict.to_json()}
+            sink.write(json.dumps(rec) + "\n")
+            sink.flush()
+            records.append(rec)
+            progress.advance(bar)
+            progress.update(bar, description=f"L{meta['level']}/{meta['problem_id']}: {verdict.status}")
+
+        def drain(limit: int) -> None:
+            while len(pending) > limit:
+                finished, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+                for fut in finished:
+                    record(pending.pop(fut), fut.result())
+
+        for problem, sample in todo:
+            meta = {"level": problem.level, "problem_id": problem.problem_id, "name": problem.name}
+            meta["sample"] = sample
+            progress.update(bar, description=f"L{problem.level}/{problem.problem_id} sample {sample}")
+            program, source = generator.program(problem, sample)
+            meta["source"] = source
+            if program is None:
+                record(meta, Verdict("compile_error", False, message=f"no program: {source} is missing"))
+                continue
+            try:
+                future = pool.submit_kernelbench(
+                    problem.code, program, strict=args.strict, timing=not args.no_timing
+                )
+            except InvalidReference as exc:
+                console.print(
+                    f"[yellow]skipping level {problem.level} problem {problem.problem_id}: {exc}[/]"
+                )
+                progress.advance(bar)
+                continue
+            pending[future] = meta
+            drain(2 * pool.workers)
+        drain(0)
+    return records
 
 
 def _print_table(console: Any, summary: dict[str, Any], ks: list[int]) -> None:

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from dice.cli import read_text_file
+from dice.commands.common import read_text_file
 from dice.cuda_source import CudaDocument, parse_document
 
 

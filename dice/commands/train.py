@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from dice.cli import CliError
+from dice.commands.common import CliError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -80,7 +80,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_corpus(args: argparse.Namespace) -> int:
-    from training.data import CorpusConfig, build_corpus
+    from training.corpus import CorpusConfig, build_corpus
 
     if not args.data_dir.is_dir():
         raise CliError(f"{args.data_dir}: data folder not found")
@@ -110,7 +110,7 @@ def run_corpus(args: argparse.Namespace) -> int:
 
 def run_pack(args: argparse.Namespace) -> int:
     from engine.tokenizer import load_tokenizer
-    from training.data import read_examples, tokenize_and_pack
+    from training.corpus import read_examples, tokenize_and_pack
 
     if not args.examples.is_file():
         raise CliError(f"{args.examples}: examples file not found")

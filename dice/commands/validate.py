@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dice.cli import CliError, read_text_file
+from dice.commands.common import CliError, read_text_file
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
