@@ -8,7 +8,8 @@ from typing import Any
 
 from lsprotocol import types
 
-from lsp_server.diagnostics import lsp_range
+from dice.cuda_source import Mask
+from lsp_server.convert import lsp_range
 
 FILL_ALL_MASKS = "dice.fillAllMasks"
 FILL_MASK = "dice.fillMask"
@@ -26,7 +27,7 @@ def _overlaps(a: types.Range, b: types.Range) -> bool:
     ) <= (a.end.line, a.end.character)
 
 
-def cuda_actions(uri: str, masks: Sequence[Any], rng: types.Range) -> list[types.CodeAction]:
+def cuda_actions(uri: str, masks: Sequence[Mask], rng: types.Range) -> list[types.CodeAction]:
     """Actions for a .cu/.cuh document: fill the mask under the range, fill all, validate."""
     actions: list[types.CodeAction] = []
     for mask in masks:

@@ -18,18 +18,24 @@ from typing import Any
 from lsprotocol import types
 from pygls.uris import from_fs_path
 
+from dice.assistant.rules import program_with_header, usable
+from dice.assistant.types import Progress
+from dice.cuda_source import Mask
+from dice.validator import Verdict
+from dice.validator.verdict import verdict_label
 from lsp_server.actions import (
     FILL_MASK,
     CommandArgumentError,
     CommandTarget,
     parse_arguments,
 )
+from lsp_server.convert import lsp_edit
 from lsp_server.documents import current_version, snapshot
 from lsp_server.inline import mask_at
-from lsp_server.kernelbench import is_kernelbench_reference, output_path, program_with_header
+from lsp_server.kernelbench import output_path
 from lsp_server.regions import FilledRegion, make_region, relocate
 from lsp_server.session import DiceSession, ServiceUnavailable
-from lsp_server.verdicts import is_usable, verdict_json, verdict_label
+from lsp_server.verdicts import verdict_json
 
 logger = logging.getLogger(__name__)
 
@@ -46,13 +52,12 @@ class ProgressReporter:
     token: types.ProgressToken | None
     cancel: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def __call__(self, event: Any) -> None:
+    def __call__(self, event: Progress) -> None:
         if self.token is None:
             return
-        total = max(int(getattr(event, "total", 0) or 0), 1)
-        done = min(int(getattr(event, "done", 0) or 0), total)
-        stage = getattr(event, "stage", "")
-        text = getattr(event, "message", "") or f"{stage} {done}/{total}"
+        total = max(event.total, 1)
+        done = min(event.done, total)
+        text = event.message or f"{event.stage} {done}/{total}"
         report = types.WorkDoneProgressReport(
             message=text, percentage=int(100 * done / total), cancellable=True
         )
@@ -158,18 +163,18 @@ async def fill_masks(
             mask_indices=[m.index for m in masks],
             progress=progress,
             cancel=progress.cancel,
-            filename=snap.path.name if snap.path else None,
+            filename=snap.path,
         )
     if progress.cancel.is_set():
         return {"ok": False, "applied": False, "message": "cancelled"}
 
     level = session.settings.validation.level
     fills: dict[int, str] = {}
-    verdicts: dict[int, Any] = {}
+    verdicts: dict[int, Verdict | None] = {}
     skipped: list[dict[str, Any]] = []
     for mc in completion.masks:
         best = mc.candidates[0] if mc.candidates else None
-        if best is not None and is_usable(best.verdict, level):
+        if best is not None and usable(best.verdict, level):
             fills[mc.mask.index] = best.text
             verdicts[mc.mask.index] = best.verdict
         else:
@@ -187,7 +192,8 @@ async def fill_masks(
         raise CommandFailed("the document changed while DICE was working; nothing was applied (run it again)")
 
     result = splice(snap.text, fills)
-    applied = await _apply_text_edits(session, snap.uri, snap.version, list(result.edits), "DICE: fill masks")
+    edits = [lsp_edit(e) for e in result.edits]
+    applied = await _apply_text_edits(session, snap.uri, snap.version, edits, "DICE: fill masks")
     filled = [
         {"mask": index, "text": text, "verdict": verdict_json(verdicts[index]) or None}
         for index, text in sorted(fills.items())
@@ -201,7 +207,7 @@ async def fill_masks(
 
 
 def _regions_after_splice(
-    masks: list[Any], fills: dict[int, str], verdicts: dict[int, Any], new_data: bytes
+    masks: list[Mask], fills: dict[int, str], verdicts: dict[int, Verdict | None], new_data: bytes
 ) -> list[FilledRegion]:
     """Where each fill sits in the new text: masks shift by the size change of the fills before them."""
     shift = 0
@@ -247,10 +253,12 @@ async def generate_kernel(
     snap = snapshot(session.ls.workspace, target.uri)
     if snap is None or snap.path is None:
         raise CommandFailed(f"cannot read {target.uri}")
-    if not is_kernelbench_reference(snap.text):
-        raise CommandFailed(
-            f"{snap.path.name} is not a KernelBench-format reference (needs `class Model` and `get_inputs()`)"
-        )
+    from dice.validator.reference import InvalidReference, check_reference
+
+    try:
+        check_reference(snap.text)
+    except InvalidReference as exc:
+        raise CommandFailed(f"{snap.path.name}: {exc}") from exc
     service = await session.get_service()
     title = f"DICE: generating a CUDA kernel for {snap.path.name}"
     async with work_done_progress(session, title, token) as progress, session.busy("busy", title):
@@ -258,13 +266,13 @@ async def generate_kernel(
     if progress.cancel.is_set():
         return {"ok": False, "message": "cancelled"}
     level = session.settings.validation.level
-    best = next((p for p in programs if is_usable(p.verdict, level)), None)
+    best = next((p for p in programs if usable(p.verdict, level)), None)
     if best is None:
         labels = ", ".join(verdict_label(p.verdict) for p in programs) or "no sample"
         raise CommandFailed(f"DICE: no generated program is usable ({labels}); nothing written")
 
     out = output_path(snap.path)
-    model = getattr(session.model_info, "name", None)
+    model = session.model_info.name if session.model_info is not None else None
     content = program_with_header(best.source, best.verdict, reference_name=snap.path.name, model=model)
     new_uri = from_fs_path(str(out)) or out.as_uri()
     await _create_file(session, out, new_uri, content)
@@ -330,7 +338,7 @@ async def validate_kernel(
     name = snap.path.name if snap.path else target.uri
     title = f"DICE: validating {name}"
     async with work_done_progress(session, title, token) as progress, session.busy("validating", title):
-        verdict = await service.validate_document(snap.text, filename=snap.path.name if snap.path else None)
+        verdict = await service.validate_document(snap.text, filename=snap.path)
     if progress.cancel.is_set():
         return {"ok": False, "message": "cancelled"}
     session.record_validation(snap, verdict)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from lsprotocol import types
 
-from lsp_server.documents import current_version, open_snapshot
-from lsp_server.inline import Shown, completion_items, plan_inline
+from dice.assistant import AssistantService
+from dice.assistant.rules import usable
+from dice.assistant.types import Candidate, DocumentCompletion
+from lsp_server.documents import DocumentSnapshot, current_version, open_snapshot
+from lsp_server.inline import InlinePlan, Shown, Ticket, completion_items, plan_inline
 from lsp_server.session import DiceSession, Offer, ServiceUnavailable
-from lsp_server.verdicts import is_usable
 
 logger = logging.getLogger(__name__)
 
@@ -54,22 +55,7 @@ async def inline_completion(
         if ticket.cancel.is_set():
             return []
 
-        n = session.settings.decoding.candidates
-        filename = snap.path.name if snap.path else None  # compiler logs name the user's file
-        async with session.busy("busy", "suggesting"):
-            if plan.mask_index is not None:
-                result = await service.complete_document(
-                    plan.text,
-                    mask_indices=[plan.mask_index],
-                    candidates=n,
-                    cancel=ticket.cancel,
-                    filename=filename,
-                )
-            else:
-                result = await service.complete_at(
-                    plan.text, plan.byte_offset, candidates=n, cancel=ticket.cancel, filename=filename
-                )
-
+        result = await _complete(session, service, plan, snap, ticket)
         if ticket.cancel.is_set():
             logger.info("inline %s #%d: superseded", uri, ticket.seq)
             return []
@@ -78,23 +64,7 @@ async def inline_completion(
             return []
         stats = {k: round(v, 3) for k, v in result.stats.items()}
         session.log(f"inline #{ticket.seq}: cached={result.from_cache} {stats}", types.MessageType.Log)
-        candidates = _mask_candidates(result, plan.mask_index)
-        level = session.settings.validation.level
-        usable = [c for c in candidates if is_usable(c.verdict, level)]
-        items = completion_items(usable, plan.range, limit=1 if automatic else n, prefix=plan.prefix)
-        state = session.state_of(uri)
-        state.shown = None
-        if items:
-            by_text = {plan.prefix + c.text: c.verdict for c in usable}
-            texts = [item.insert_text for item in items if isinstance(item.insert_text, str)]
-            verdicts = [by_text.get(t) for t in texts]
-            session.remember_offer(
-                uri, Offer(plan.byte_offset - len(plan.prefix.encode("utf-8")), texts, verdicts)
-            )
-            if plan.mask_index is None and not plan.prefix:  # at the cursor: typing through them works
-                data = snap.text.encode("utf-8", errors="surrogatepass")
-                state.shown = Shown.at(data, plan.byte_offset, texts, verdicts)
-        return items
+        return _items(session, snap, plan, result, automatic=automatic)
     except asyncio.CancelledError:
         # $/cancelRequest (or shutdown): stop the model between denoising steps, then let pygls answer
         # "request cancelled". A request we superseded ourselves answers with no items instead.
@@ -115,8 +85,61 @@ async def inline_completion(
         session.tracker.finish(ticket)
 
 
+async def _complete(
+    session: DiceSession, service: AssistantService, plan: InlinePlan, snap: DocumentSnapshot, ticket: Ticket
+) -> DocumentCompletion:
+    """Ask the assistant for the plan's mask (or the implicit one at the cursor)."""
+    n = session.settings.decoding.candidates
+    filename = snap.path  # compiler logs name the user's file; a dice-spec imports from its folder
+    async with session.busy("busy", "suggesting"):
+        if plan.mask_index is not None:
+            return await service.complete_document(
+                plan.text,
+                mask_indices=[plan.mask_index],
+                candidates=n,
+                cancel=ticket.cancel,
+                filename=filename,
+            )
+        return await service.complete_at(
+            plan.text, plan.byte_offset, candidates=n, cancel=ticket.cancel, filename=filename
+        )
+
+
+def _items(
+    session: DiceSession,
+    snap: DocumentSnapshot,
+    plan: InlinePlan,
+    result: DocumentCompletion,
+    *,
+    automatic: bool,
+) -> list[types.InlineCompletionItem]:
+    """The usable candidates as items (one for an automatic request), remembered as offered (an accepted
+    one becomes a region) and, at a cursor, as shown (typing their start keeps their rest)."""
+    level = session.settings.validation.level
+    shown = [c for c in _mask_candidates(result, plan.mask_index) if usable(c.verdict, level)]
+    n = session.settings.decoding.candidates
+    items = completion_items(shown, plan.range, limit=1 if automatic else n, prefix=plan.prefix)
+    state = session.state_of(snap.uri)
+    state.shown = None
+    if items:
+        by_text = {plan.prefix + c.text: c.verdict for c in shown}
+        texts = [item.insert_text for item in items if isinstance(item.insert_text, str)]
+        verdicts = [by_text.get(t) for t in texts]
+        start = plan.byte_offset - len(plan.prefix.encode("utf-8"))
+        session.remember_offer(snap.uri, Offer(start, texts, verdicts))
+        if plan.mask_index is None and not plan.prefix:  # at the cursor: typing through them works
+            data = snap.text.encode("utf-8", errors="surrogatepass")
+            state.shown = Shown.at(data, plan.byte_offset, texts, verdicts)
+    return items
+
+
 def _typed_through(
-    session: DiceSession, uri: str, snap: Any, position: types.Position, *, limit: int | None
+    session: DiceSession,
+    uri: str,
+    snap: DocumentSnapshot,
+    position: types.Position,
+    *,
+    limit: int | None,
 ) -> list[types.InlineCompletionItem] | None:
     """The rest of the suggestions shown at this spot when the user typed their beginning; None otherwise."""
     shown = session.state_of(uri).shown
@@ -133,6 +156,7 @@ def _typed_through(
     if found is None:
         return None
     typed, rests, verdicts = found
+    session.typed_through += 1
     if limit:
         rests, verdicts = rests[:limit], verdicts[:limit]
     session.remember_offer(uri, Offer(shown.start_byte, [typed + r for r in rests], verdicts))
@@ -141,7 +165,7 @@ def _typed_through(
     return [types.InlineCompletionItem(insert_text=r, range=here) for r in rests]
 
 
-def _mask_candidates(result: Any, mask_index: int | None) -> list[Any]:
+def _mask_candidates(result: DocumentCompletion, mask_index: int | None) -> list[Candidate]:
     for mc in result.masks:
         if mask_index is None or mc.mask.index == mask_index:
             return list(mc.candidates)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
 
 from lsprotocol import types
 
+from dice.cuda_source import Mask
+from dice.validator import Verdict
+from lsp_server.convert import lsp_range
 from lsp_server.verdicts import verdict_json
 
 SOURCE = "dice"
@@ -21,17 +23,7 @@ _COMPILER_LINE = re.compile(
 )
 
 
-def lsp_range(rng: Any) -> types.Range:
-    """An lsprotocol Range from a ``dice.cuda_source.Range`` (same fields, its own frozen dataclass)."""
-    if isinstance(rng, types.Range):
-        return rng
-    return types.Range(
-        start=types.Position(line=rng.start.line, character=rng.start.character),
-        end=types.Position(line=rng.end.line, character=rng.end.character),
-    )
-
-
-def mask_diagnostics(masks: Sequence[Any]) -> list[types.Diagnostic]:
+def mask_diagnostics(masks: Sequence[Mask]) -> list[types.Diagnostic]:
     """One information diagnostic per ``dice.cuda_source.Mask``, in file order."""
     out: list[types.Diagnostic] = []
     for mask in masks:
@@ -49,7 +41,7 @@ def mask_diagnostics(masks: Sequence[Any]) -> list[types.Diagnostic]:
     return out
 
 
-def compile_error_diagnostics(text: str, verdict: Any) -> list[types.Diagnostic]:
+def compile_error_diagnostics(text: str, verdict: Verdict | None) -> list[types.Diagnostic]:
     """Diagnostics for the compiler messages of a verdict, on the validated file's lines.
 
     The validator already maps compiler lines back to the file (``verdict.diagnostics``: 0-based ``line``,

@@ -13,12 +13,14 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from lsprotocol import types
 
-from lsp_server.diagnostics import lsp_range
-from lsp_server.verdicts import verdict_label
+from dice.assistant.types import Candidate
+from dice.cuda_source import CudaDocument, Mask
+from dice.validator import Verdict
+from dice.validator.verdict import verdict_label
+from lsp_server.convert import lsp_range
 
 
 def contains(rng: types.Range, pos: types.Position) -> bool:
@@ -28,7 +30,7 @@ def contains(rng: types.Range, pos: types.Position) -> bool:
     return start <= (pos.line, pos.character) <= end
 
 
-def mask_at(masks: Sequence[Any], pos: types.Position) -> Any | None:
+def mask_at(masks: Sequence[Mask], pos: types.Position) -> Mask | None:
     """The ``dice.cuda_source.Mask`` under the cursor, if any."""
     for mask in masks:
         if contains(lsp_range(mask.range), pos):
@@ -41,7 +43,7 @@ def is_single_line(rng: types.Range) -> bool:
 
 
 def completion_items(
-    candidates: Sequence[Any],
+    candidates: Sequence[Candidate],
     rng: types.Range,
     *,
     limit: int,
@@ -71,7 +73,7 @@ def completion_items(
     return items
 
 
-def candidate_labels(candidates: Sequence[Any]) -> list[str]:
+def candidate_labels(candidates: Sequence[Candidate]) -> list[str]:
     return [verdict_label(c.verdict) for c in candidates]
 
 
@@ -159,9 +161,6 @@ class InlinePlan:
     prefix: str = ""  # selected completion text the items must start with
 
 
-KERNEL_KINDS = ("global", "device")
-
-
 def _digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
@@ -175,13 +174,13 @@ class Shown:
     before: bytes  # digest of data[:start_byte]
     after: bytes  # digest of data[cursor:], the same for every request typed into the suggestion
     texts: tuple[str, ...]
-    verdicts: tuple[Any, ...]
+    verdicts: tuple[Verdict | None, ...]
 
     @classmethod
-    def at(cls, data: bytes, cursor: int, texts: Sequence[str], verdicts: Sequence[Any]) -> Shown:
+    def at(cls, data: bytes, cursor: int, texts: Sequence[str], verdicts: Sequence[Verdict | None]) -> Shown:
         return cls(cursor, _digest(data[:cursor]), _digest(data[cursor:]), tuple(texts), tuple(verdicts))
 
-    def typed_through(self, data: bytes, cursor: int) -> tuple[str, list[str], list[Any]] | None:
+    def typed_through(self, data: bytes, cursor: int) -> tuple[str, list[str], list[Verdict | None]] | None:
         """When the text between ``start_byte`` and ``cursor`` is the start of some suggestions and nothing
         else changed: (what was typed, the rest of each such suggestion, their verdicts); else None.
 
@@ -204,30 +203,20 @@ class Shown:
         return (typed, rests, verdicts) if rests else None
 
 
-def _in_kernel_body(doc: Any, byte_offset: int) -> bool:
-    from dice.cuda_source import function_at
-
-    fn = function_at(doc, byte_offset)
-    return (
-        fn is not None
-        and fn.kind in KERNEL_KINDS
-        and fn.body_start_byte is not None
-        and fn.body_start_byte < byte_offset < fn.body_end_byte
-    )
-
-
 def plan_inline(
     text: str,
-    doc: Any,
+    doc: CudaDocument,
     position: types.Position,
     selected: types.SelectedCompletionInfo | None = None,
 ) -> InlinePlan | None:
     """Decide what a request at ``position`` completes; None when there is nothing to suggest there.
 
-    At a (single-line) mask comment: that mask, replacing the comment. Inside a ``__global__`` or
-    ``__device__`` body: the implicit mask at the cursor. With a selected completion item, the item's
+    At a (single-line) mask comment: that mask, replacing the comment. Where
+    ``dice.assistant.rules.implicit_mask_at`` finds a hole (a kernel or device-function body): the implicit
+    mask at the cursor. With a selected completion item, the item's
     text is applied first and suggestions continue it (their range is the item's range).
     """
+    from dice.assistant.rules import implicit_mask_at
     from dice.cuda_source import Position, PositionIndex, parse_document
 
     index = PositionIndex(text)
@@ -250,7 +239,7 @@ def plan_inline(
         inserted = selected.text.encode("utf-8")
         new_text = (data[:start] + inserted + data[end:]).decode("utf-8", errors="surrogatepass")
         offset = start + len(inserted)
-        if not _in_kernel_body(parse_document(new_text), offset):
+        if not implicit_mask_at(parse_document(new_text), offset) is not None:
             return None
         return InlinePlan(new_text, None, offset, selected.range, prefix=selected.text)
 
@@ -260,6 +249,6 @@ def plan_inline(
         if not is_single_line(rng):
             return None  # a multi-line mask comment is filled by the "Fill this mask" command
         return InlinePlan(text, mask.index, mask.start_byte, rng)
-    if _in_kernel_body(doc, cursor):
+    if implicit_mask_at(doc, cursor) is not None:
         return InlinePlan(text, None, cursor, types.Range(start=position, end=position))
     return None

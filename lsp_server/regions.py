@@ -10,7 +10,9 @@ from typing import Any
 
 from lsprotocol import types
 
-from lsp_server.verdicts import verdict_label
+from dice.validator import Verdict
+from dice.validator.verdict import verdict_label
+from lsp_server.verdicts import verdict_json
 
 ToPosition = Callable[[int], types.Position]  # byte offset -> LSP position
 
@@ -27,9 +29,7 @@ class FilledRegion:
         return self.start_byte + len(self.text.encode("utf-8"))
 
 
-def make_region(start_byte: int, text: str, verdict: Any) -> FilledRegion:
-    from lsp_server.verdicts import verdict_json
-
+def make_region(start_byte: int, text: str, verdict: Verdict | None) -> FilledRegion:
     return FilledRegion(start_byte, text, verdict_label(verdict), verdict_json(verdict) or None)
 
 

@@ -22,8 +22,9 @@ from lsp_server.actions import (
 )
 from lsp_server.commands import execute
 from lsp_server.completion import inline_completion
+from lsp_server.convert import lsp_position
 from lsp_server.documents import open_snapshot
-from lsp_server.kernelbench import is_kernelbench_reference
+from lsp_server.kernelbench import is_generation_target
 from lsp_server.protocol import WORK_DONE_TOKEN, DiceProtocol
 from lsp_server.regions import code_lenses, hover_at
 from lsp_server.session import DiceSession
@@ -42,10 +43,20 @@ class DiceLanguageServer(LanguageServer):
         self.session = DiceSession(self)
 
 
+STATS_METHOD = "dice/stats"  # request (client -> server): the counters of work done, see DiceSession.stats
+
+
 def create_server() -> DiceLanguageServer:
     server = DiceLanguageServer()
-    session = server.session
+    _register_lifecycle(server, server.session)
+    _register_editing(server, server.session)
+    _register_views(server, server.session)
+    for name in (FILL_ALL_MASKS, FILL_MASK, GENERATE_KERNEL, VALIDATE_KERNEL):
+        _register_command(server, server.session, name)
+    return server
 
+
+def _register_lifecycle(server: DiceLanguageServer, session: DiceSession) -> None:
     @server.feature(types.INITIALIZE)
     def initialize(params: types.InitializeParams) -> None:
         session.apply_settings(params.initialization_options, initial=True)
@@ -58,17 +69,9 @@ def create_server() -> DiceLanguageServer:
     def shutdown(params: Any) -> None:
         session.close()
 
-    @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
-    def did_open(params: types.DidOpenTextDocumentParams) -> None:
-        session.on_open(params.text_document.uri)
-
-    @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
-    def did_change(params: types.DidChangeTextDocumentParams) -> None:
-        session.on_change(params.text_document.uri)
-
-    @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
-    def did_close(params: types.DidCloseTextDocumentParams) -> None:
-        session.on_close(params.text_document.uri)
+    @server.feature(STATS_METHOD)
+    def stats(params: Any) -> dict[str, int]:
+        return session.stats()
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     async def did_change_configuration(params: types.DidChangeConfigurationParams) -> None:
@@ -86,6 +89,20 @@ def create_server() -> DiceLanguageServer:
         elif raw is not None:
             session.apply_settings(raw)
 
+
+def _register_editing(server: DiceLanguageServer, session: DiceSession) -> None:
+    @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
+    def did_open(params: types.DidOpenTextDocumentParams) -> None:
+        session.on_open(params.text_document.uri)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+    def did_change(params: types.DidChangeTextDocumentParams) -> None:
+        session.on_change(params.text_document.uri)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+    def did_close(params: types.DidCloseTextDocumentParams) -> None:
+        session.on_close(params.text_document.uri)
+
     @server.feature(
         types.TEXT_DOCUMENT_INLINE_COMPLETION,
         types.InlineCompletionOptions(),
@@ -93,6 +110,8 @@ def create_server() -> DiceLanguageServer:
     async def inline(params: types.InlineCompletionParams) -> list[types.InlineCompletionItem]:
         return await inline_completion(session, params)
 
+
+def _register_views(server: DiceLanguageServer, session: DiceSession) -> None:
     @server.feature(
         types.TEXT_DOCUMENT_CODE_ACTION,
         types.CodeActionOptions(
@@ -106,7 +125,7 @@ def create_server() -> DiceLanguageServer:
         if snap.is_cuda:
             doc = session.parse(snap)
             actions = cuda_actions(snap.uri, doc.masks if doc is not None else [], params.range)
-        elif snap.path is not None and snap.path.suffix == ".py" and is_kernelbench_reference(snap.text):
+        elif snap.path is not None and snap.path.suffix == ".py" and is_generation_target(snap.text):
             actions = reference_actions(snap.uri)
         else:
             actions = []
@@ -121,7 +140,7 @@ def create_server() -> DiceLanguageServer:
         from dice.cuda_source import PositionIndex
 
         index = PositionIndex(snap.text)
-        return code_lenses(state.regions, lambda b: _lsp_position(index.byte_to_position(b)))
+        return code_lenses(state.regions, lambda b: lsp_position(index.byte_to_position(b)))
 
     @server.feature(types.TEXT_DOCUMENT_HOVER)
     def hover(params: types.HoverParams) -> types.Hover | None:
@@ -136,12 +155,7 @@ def create_server() -> DiceLanguageServer:
             offset = index.position_to_byte(Position(params.position.line, params.position.character))
         except (ValueError, IndexError):
             return None
-        return hover_at(state.regions, offset, lambda b: _lsp_position(index.byte_to_position(b)))
-
-    for name in (FILL_ALL_MASKS, FILL_MASK, GENERATE_KERNEL, VALIDATE_KERNEL):
-        _register_command(server, session, name)
-
-    return server
+        return hover_at(state.regions, offset, lambda b: lsp_position(index.byte_to_position(b)))
 
 
 def _register_command(server: DiceLanguageServer, session: DiceSession, name: str) -> None:
@@ -159,7 +173,3 @@ def _register_command(server: DiceLanguageServer, session: DiceSession, name: st
             protocol.command_tasks.pop(msg_id, None)
 
     server.command(name)(handler)
-
-
-def _lsp_position(pos: Any) -> types.Position:
-    return types.Position(line=pos.line, character=pos.character)

@@ -10,23 +10,29 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
+from dice.validator.verdict import verdict_label
 from lsp_server.config import DiceSettings, parse_settings, settings_to_wire
 from lsp_server.diagnostics import compile_error_diagnostics, mask_diagnostics
 from lsp_server.documents import DocumentSnapshot, open_snapshot
-from lsp_server.inline import AdaptiveDebounce, RequestTracker
+from lsp_server.inline import AdaptiveDebounce, RequestTracker, Shown
 from lsp_server.regions import FilledRegion, make_region, relocate
 from lsp_server.status import STATUS_METHOD, StatusState, status_params
 from lsp_server.verdicts import verdict_json
-from lsp_server.watch import FileWatcher, spec_reference_files
+from lsp_server.watch import FileWatcher
+
+if TYPE_CHECKING:
+    from dice.assistant import AssistantService, AssistantSettings, ModelInfo
+    from dice.cuda_source import CudaDocument
+    from dice.validator import Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -48,18 +54,18 @@ class Offer:
 
     start_byte: int
     texts: list[str]
-    verdicts: list[Any]
+    verdicts: list[Verdict | None]
 
 
 @dataclass
 class DocumentState:
     parsed_version: int | None = None
-    parsed: Any = None  # dice.cuda_source.CudaDocument of parsed_version
+    parsed: CudaDocument | None = None  # of parsed_version
     mask_diagnostics: list[types.Diagnostic] = field(default_factory=list)
     compile_diagnostics: list[types.Diagnostic] = field(default_factory=list)
     regions: list[FilledRegion] = field(default_factory=list)
     offers: list[Offer] = field(default_factory=list)
-    shown: Any = None  # lsp_server.inline.Shown: suggestions at the cursor, for typing through them
+    shown: Shown | None = None  # suggestions at the cursor, for typing through them
     last_verdict: dict[str, Any] | None = None
     diagnostics_task: asyncio.Task | None = None
 
@@ -71,12 +77,13 @@ class DiceSession:
         self.tracker = RequestTracker()
         self.debounce = AdaptiveDebounce()
         self.documents: dict[str, DocumentState] = {}
-        self.service: Any = None
-        self.model_info: Any = None
+        self.service: AssistantService | None = None
+        self.model_info: ModelInfo | None = None
         self.state: StatusState = "loading"
         self._service_task: asyncio.Task | None = None
         self._service_error: str | None = None
-        self._validation_only: Any = None  # the service whose model failed to load: validation still works
+        # the service whose model failed to load: validation still works through it
+        self._validation_only: AssistantService | None = None
         self._loaded_key: tuple[str, str] | None = None
         self._busy: dict[str, int] = {"busy": 0, "validating": 0}
         self._watcher: FileWatcher | None = None
@@ -85,6 +92,7 @@ class DiceSession:
         self._parent_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
+        self.typed_through = 0  # inline requests answered from a suggestion the user is typing
 
     # ----------------------------------------------------------------- messages and status
     def log(self, message: str, level: types.MessageType = types.MessageType.Info) -> None:
@@ -100,8 +108,8 @@ class DiceSession:
         info = self.model_info
         params = status_params(
             state,
-            model=getattr(info, "name", None),
-            device=getattr(info, "device", None),
+            model=info.name if info is not None else None,
+            device=info.device if info is not None else None,
             message=message,
         )
         self._on_loop(self.ls.protocol.notify, STATUS_METHOD, params)
@@ -135,9 +143,17 @@ class DiceSession:
                 else:
                     self.set_status("ready", self._ready_message())
 
+    def stats(self) -> dict[str, int]:
+        """Work done so far (the ``dice/stats`` request): the service's counters (model calls, validations,
+        cache hits; zero before a service exists) and suggestions served by typing through one."""
+        counters = dict.fromkeys(("engine_calls", "validations", "document_cache_hits"), 0)
+        for service in {id(s): s for s in (self.service, self._validation_only) if s is not None}.values():
+            for key, value in service.stats.items():
+                counters[key] = counters.get(key, 0) + value
+        return {**counters, "typed_through": self.typed_through}
+
     def _ready_message(self) -> str | None:
-        describe = getattr(self.model_info, "describe", None)
-        return describe() if callable(describe) else None
+        return self.model_info.describe() if self.model_info is not None else None
 
     # ----------------------------------------------------------------- life cycle
     def start(self) -> None:
@@ -182,7 +198,7 @@ class DiceSession:
                 _close_quietly(service)
         self.service = self._validation_only = None
 
-    def spawn(self, coro: Any) -> asyncio.Task:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -209,18 +225,11 @@ class DiceSession:
         elif old != self.settings and self.service is not None:
             self._update_service_settings(self.service)
 
-    def assistant_settings(self) -> Any:
-        from dice.assistant import AssistantSettings
+    def assistant_settings(self) -> AssistantSettings:
+        return self.settings.assistant_settings()
 
-        return AssistantSettings(**self.settings.to_assistant_kwargs())
-
-    def _update_service_settings(self, service: Any) -> None:
-        settings = self.assistant_settings()
-        update = getattr(service, "update_settings", None)
-        if callable(update):
-            update(settings)
-        else:
-            service.settings = settings
+    def _update_service_settings(self, service: AssistantService) -> None:
+        service.update_settings(self.assistant_settings())
 
     # ----------------------------------------------------------------- the assistant service
     def load_service(self) -> asyncio.Task:
@@ -230,14 +239,17 @@ class DiceSession:
         self._service_task = asyncio.ensure_future(self._load_service())
         return self._service_task
 
-    async def _load_service(self) -> Any:
+    async def _load_service(self) -> AssistantService | None:
         old, self.service = self.service, None
         stale, self._validation_only = self._validation_only, None
         for previous in {id(x): x for x in (old, stale) if x is not None}.values():
             await asyncio.to_thread(_close_quietly, previous)
         self.model_info = None
         self._service_error = None
-        where = self.settings.model.path or os.environ.get("DICE_MODEL") or "the embedded model"
+        from engine.locate import choose_model
+
+        choice = choose_model(self.settings.model.path)
+        where = "the embedded model" if choice.embedded else str(choice.path)
         self.set_status("loading", f"loading {where}")
         started = time.perf_counter()
         try:
@@ -247,10 +259,9 @@ class DiceSession:
             # Constructing the service is cheap; loading the model is not and may fail (bad path). The
             # service still validates kernels without a model, so it is kept for that.
             service = self._validation_only = AssistantService(settings)
-            path = self.settings.model.path
-            if path and not Path(path).expanduser().is_dir():
-                # said at once, before the engine (and torch) is imported for nothing
-                raise FileNotFoundError(f"no checkpoint folder at {path}")
+            problem = choice.problem("dice.modelPath")
+            if problem:  # said at once, before the engine (and torch) is imported for nothing
+                raise FileNotFoundError(problem)
             info = await asyncio.to_thread(lambda: service.model_info)
         except asyncio.CancelledError:
             raise
@@ -269,7 +280,7 @@ class DiceSession:
         self.set_status("ready", self._ready_message())
         return service
 
-    async def get_service(self, *, model: bool = True) -> Any:
+    async def get_service(self, *, model: bool = True) -> AssistantService:
         """The loaded service, waiting for a load in progress; raises ServiceUnavailable.
 
         ``model=False``: validation only, which works even when the model could not be loaded.
@@ -291,19 +302,20 @@ class DiceSession:
             raise ServiceUnavailable(self._service_error or "the model is not loaded")
         return service
 
-    def _watch_model_folder(self, info: Any) -> None:
+    def _watch_model_folder(self, info: ModelInfo) -> None:
         if self._watcher is None:
             return
-        path = getattr(info, "path", None)
-        folder = Path(path) if path else _embedded_model_folder()
-        if folder is not None and folder.is_dir():
+        from engine.locate import choose_model
+
+        folder = Path(info.path) if info.path else choose_model(None).path
+        if folder.is_dir():
             self._watcher.watch_folder(MODEL_KEY, folder)
 
     # ----------------------------------------------------------------- documents
     def state_of(self, uri: str) -> DocumentState:
         return self.documents.setdefault(uri, DocumentState())
 
-    def parse(self, snap: DocumentSnapshot) -> Any | None:
+    def parse(self, snap: DocumentSnapshot) -> CudaDocument | None:
         """The CudaDocument of a snapshot (cached per version); None for binary or oversized text."""
         if not snap.analysable:
             return None
@@ -379,7 +391,9 @@ class DiceSession:
         doc = self.parse(snap) if snap.is_cuda else None
         state.mask_diagnostics = mask_diagnostics(doc.masks) if doc is not None else []
         if doc is not None and self._watcher is not None and snap.path is not None:
-            spec = getattr(doc.spec, "source", None)
+            from dice.validator.spec_files import spec_reference_files
+
+            spec = doc.spec.source if doc.spec is not None else None
             self._watcher.watch_files(uri, spec_reference_files(spec, snap.path))
         self.ls.text_document_publish_diagnostics(
             types.PublishDiagnosticsParams(
@@ -389,7 +403,7 @@ class DiceSession:
             )
         )
 
-    def record_validation(self, snap: DocumentSnapshot, verdict: Any) -> None:
+    def record_validation(self, snap: DocumentSnapshot, verdict: Verdict) -> None:
         """Keep a validation's verdict: compile errors become diagnostics, filled regions take its label."""
         state = self.state_of(snap.uri)
         state.last_verdict = verdict_json(verdict) or None
@@ -437,32 +451,17 @@ class DiceSession:
         except ServiceUnavailable as exc:
             self.log(f"cannot re-validate {uri}: {exc}", types.MessageType.Warning)
             return
-        invalidate = getattr(service, "invalidate", None) or getattr(service, "clear_cache", None)
-        if callable(invalidate):
-            with contextlib.suppress(Exception):
-                invalidate()
+        # every cached verdict (and every suggestion holding one) may rest on the file that changed
+        service.invalidate()
         async with self.busy("validating", f"re-validating {Path(to_fs_path(uri) or uri).name}"):
-            verdict = await service.validate_document(
-                snap.text, filename=snap.path.name if snap.path else None
-            )
+            verdict = await service.validate_document(snap.text, filename=snap.path)
         self.record_validation(snap, verdict)
+        self.log(f"re-validated {Path(to_fs_path(uri) or uri).name}: {verdict_label(verdict)}")
 
 
-def _close_quietly(service: Any) -> None:
+def _close_quietly(service: AssistantService) -> None:
     with contextlib.suppress(Exception):
         service.close()
-
-
-def _embedded_model_folder() -> Path | None:
-    env = os.environ.get("DICE_MODEL")
-    if env:
-        return Path(env)
-    try:
-        import engine
-
-        return Path(engine.__file__).parent / "models" / "dice-tiny"
-    except ImportError:
-        return None
 
 
 def _pid_alive(pid: int) -> bool:

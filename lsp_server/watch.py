@@ -1,9 +1,9 @@
 """Files on disk that change what the server said: a ``dice-spec``'s reference module, a KernelBench
-reference next to a ``.cu`` file, and the model folder. watchdog threads hand events to the event loop."""
+reference next to a ``.cu`` file (which ones: ``dice.validator.spec_files``), and the model folder.
+watchdog threads hand events to the event loop."""
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import logging
 import threading
@@ -16,40 +16,6 @@ from watchdog.observers import Observer
 logger = logging.getLogger(__name__)
 
 OnChange = Callable[[set[str], Path], None]  # (keys watching the path, the path) on the loop thread
-
-
-def spec_reference_files(spec_source: str | None, cu_path: Path) -> set[Path]:
-    """Local Python files a ``.cu`` file's results depend on.
-
-    The ``dice-spec`` block's imports (``import ref`` / ``from ref import x`` -> ``ref.py`` beside the file)
-    and ``*.py`` string literals (paths it loads), plus ``<stem>.py`` beside the file (KernelBench style).
-    Only existing-or-plausible files in the file's folder are returned; nothing is executed.
-    """
-    folder = cu_path.parent
-    found: set[Path] = {folder / f"{cu_path.stem}.py"}
-    if spec_source:
-        try:
-            tree = ast.parse(spec_source)
-        except (SyntaxError, ValueError):
-            tree = None
-        if tree is not None:
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Import):
-                    for alias in node.names:
-                        found.add(folder / (alias.name.split(".")[0] + ".py"))
-                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                    found.add(folder / (node.module.split(".")[0] + ".py"))
-                elif (
-                    isinstance(node, ast.Constant)
-                    and isinstance(node.value, str)
-                    and node.value.endswith(".py")
-                ):
-                    candidate = Path(node.value)
-                    found.add(candidate if candidate.is_absolute() else folder / candidate)
-    # Standard-library and installed modules (torch, numpy, ...) are not beside the file: keep only those
-    # that exist now or are the KernelBench-style sibling (it may be created later).
-    sibling = folder / f"{cu_path.stem}.py"
-    return {p.resolve() for p in found if p == sibling or p.exists()}
 
 
 class _Handler(FileSystemEventHandler):

@@ -94,6 +94,13 @@ def _as_dict(params: Any) -> dict[str, Any]:
     return dict(vars(params))
 
 
+async def server_stats(client: LanguageClient) -> dict[str, int]:
+    """The server's own counters of work done (``dice/stats``): model calls, validations, cache hits,
+    suggestions typed through."""
+    result = await asyncio.wait_for(client.protocol.send_request_async("dice/stats", None), WAIT_S)
+    return {str(k): int(v) for k, v in _as_dict(result).items()}
+
+
 def server_config(env: dict[str, str] | None = None) -> ClientServerConfig:
     return ClientServerConfig(server_command=SERVER_COMMAND, client_factory=make_client, server_env=env)
 
@@ -211,8 +218,9 @@ def action_commands(actions: Any) -> list[tuple[str, str, list[Any]]]:
 
 def mask_ranges(text: str) -> list[types.Range]:
     from dice.cuda_source import parse_document
+    from lsp_server.convert import lsp_range
 
-    return [m.range.to_lsp() for m in parse_document(text).masks]
+    return [lsp_range(m.range) for m in parse_document(text).masks]
 
 
 class RawServer:

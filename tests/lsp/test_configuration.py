@@ -62,10 +62,11 @@ async def change_settings(client: LanguageClient, settings: object) -> None:
 async def test_bad_initialization_options_warn_and_use_defaults(client: LanguageClient) -> None:
     warnings = [m.message for m in client.messages if m.type == types.MessageType.Warning]
     assert warnings == [
-        "dice.candidates: expected an integer, got 'three'; using the default 3",
+        "dice.candidates: expected an integer in [1, 64], got 'three'; using the default 3",
         "dice.policy: expected one of 'static', 'dynamic', 'entropy', got 'greedy';"
         " using the default 'dynamic'",
-        "dice.threshold: expected a number in [0.0, 1.0], got 2; using the default 0.9",
+        "dice.threshold: expected a number in (0, 1] (any positive value with the entropy policy), got 2;"
+        " using the default 0.9",
         "dice.automaticTrigger: expected true or false, got 'yes'; using the default True",
     ]
     applied = next(m.message for m in client.log_messages if m.message.startswith("settings applied"))
@@ -100,7 +101,7 @@ async def test_bad_value_in_a_change_keeps_serving(client: LanguageClient, tiny_
     mark = len(client.messages)
     await change_settings(client, {"dice": {**model_options(tiny_model), "maxNewTokens": -5}})
     assert [m.message for m in client.messages[mark:]] == [
-        "dice.maxNewTokens: expected an integer in [1, 4096], got -5; using the default 256"
+        "dice.maxNewTokens: expected an integer in [1, 32768], got -5; using the default 256"
     ]
     mark = len(client.messages)
     await change_settings(client, {"dice": "not an object"})

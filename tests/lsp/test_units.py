@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from dice.assistant.rules import usable as is_usable
+from dice.validator.spec_files import spec_reference_files
+from dice.validator.verdict import verdict_label
 from lsp_server.actions import CommandArgumentError, parse_arguments
 from lsp_server.config import DiceSettings, parse_settings, settings_to_wire
 from lsp_server.inline import AdaptiveDebounce, RequestTracker, Shown
-from lsp_server.kernelbench import is_kernelbench_reference, output_path
-from lsp_server.verdicts import is_usable, verdict_label
-from lsp_server.watch import spec_reference_files
+from lsp_server.kernelbench import is_generation_target, output_path
 
 from .conftest import KERNELBENCH_REF
 
@@ -28,7 +29,9 @@ def test_settings_defaults_round_trip_and_strictness() -> None:
     assert parsed.settings.decoding.threshold == 1.0
     assert parsed.settings.decoding.block_size == 4  # true is not a count
     assert parsed.settings.model.device == "cuda"
-    assert parsed.problems == ["dice.blockSize: expected an integer, got True; using the default 4"]
+    assert parsed.problems == [
+        "dice.blockSize: expected an integer in [1, 64], got True; using the default 4"
+    ]
     assert parse_settings({"modelPath": None}).settings.model.path == ""  # null = default, no complaint
     assert parse_settings({"modelPath": None}).problems == []
     assert DiceSettings().to_assistant_kwargs()["model_path"] is None  # "" = embedded
@@ -39,17 +42,23 @@ def test_settings_defaults_round_trip_and_strictness() -> None:
     [
         (
             {"status": "correct", "compiled": True, "correct": True, "speedup": 2.34},
-            "compiled ✓ · correct ✓ · 2.3×",
+            "compiled ✓ · correct ✓ · 2.34× vs PyTorch",
         ),
         ({"status": "correct", "compiled": True, "correct": True, "speedup": None}, "compiled ✓ · correct ✓"),
         (
             {"status": "incorrect", "compiled": True, "max_abs_err": 0.5},
-            "compiled ✓ · correct ✗ (max err 0.5)",
+            "compiled ✓ · correct ✗ (max abs err 0.5)",
         ),
         ({"status": "compiled", "compiled": True}, "compiled ✓ · not run"),
         ({"status": "compile_error", "compiled": False}, "compiled ✗"),
         ({"status": "runtime_error", "compiled": True}, "compiled ✓ · runtime error"),
-        ({"status": "timeout", "compiled": True}, "timed out"),
+        ({"status": "timeout", "compiled": True}, "compiled ✓ · timed out"),
+        ({"status": "timeout", "compiled": False}, "timed out"),
+        ({"status": "runtime_error", "compiled": False}, "runtime error"),
+        (
+            {"status": "compiled", "compiled": True, "flags": ["not_run", "speedup_over_10x"]},
+            "compiled ✓ · not run · flags: speedup_over_10x",
+        ),
         ({"status": "rejected", "compiled": True, "message": "torch fallback"}, "rejected: torch fallback"),
         (None, "not validated"),
     ],
@@ -64,6 +73,11 @@ def test_usable_fills() -> None:
     assert is_usable({"status": "compiled", "compiled": True}, "compile")
     assert not is_usable({"status": "compile_error", "compiled": False}, "run")
     assert not is_usable({"status": "incorrect", "compiled": True}, "run")
+    # a candidate that crashed or hung against the spec compiled, but is not shown (nor written by the CLI)
+    assert not is_usable({"status": "runtime_error", "compiled": True}, "run")
+    assert not is_usable({"status": "timeout", "compiled": True}, "run")
+    assert not is_usable({"status": "rejected", "compiled": True}, "run")
+    assert is_usable({"status": "correct", "compiled": True}, "run")
 
 
 def test_adaptive_debounce_follows_typing() -> None:
@@ -105,9 +119,11 @@ def test_spec_reference_files(tmp_path: Path) -> None:
 
 
 def test_kernelbench_detection_and_output_path(tmp_path: Path) -> None:
-    assert is_kernelbench_reference(KERNELBENCH_REF)
-    assert not is_kernelbench_reference(KERNELBENCH_REF + "\nclass ModelNew(Model):\n    pass\n")
-    assert not is_kernelbench_reference("def broken(:")
+    assert is_generation_target(KERNELBENCH_REF)
+    assert not is_generation_target(KERNELBENCH_REF + "\nclass ModelNew(Model):\n    pass\n")
+    assert not is_generation_target("def broken(:")
+    # no get_init_inputs: generation would refuse it, so the action is not offered (one rule for both)
+    assert not is_generation_target(KERNELBENCH_REF.replace("def get_init_inputs", "def init_inputs"))
     ref = tmp_path / "add.py"
     assert output_path(ref) == tmp_path / "add_dice.py"
     (tmp_path / "add_dice.py").write_text("")
