@@ -38,25 +38,26 @@ const integerIn =
     (min: number, max: number): Check =>
     (v) =>
         typeof v === 'number' && Number.isInteger(v) && v >= min && v <= max;
-const numberIn =
-    (min: number, max: number): Check =>
+const numberAbove =
+    (exclusiveMin: number): Check =>
     (v) =>
-        typeof v === 'number' && Number.isFinite(v) && v >= min && v <= max;
+        typeof v === 'number' && Number.isFinite(v) && v > exclusiveMin;
 
-// Bounds match the JSON schema in package.json and lsp_server/config.py: what VS Code accepts, the
-// server accepts too.
+// Bounds match the JSON schema in package.json, which a Python test checks against the server's one table
+// (dice/assistant/settings.py): what VS Code accepts, the server accepts too. The server alone applies the
+// rule a schema cannot say: a threshold above 1 only for the entropy policy.
 const CHECKS: Record<keyof DiceServerSettings, [Check, string]> = {
     modelPath: [(v) => typeof v === 'string', 'a path (empty for the embedded model)'],
     device: [oneOf(DEVICES), DEVICES.join(' | ')],
-    candidates: [integerIn(1, 16), 'an integer from 1 to 16'],
+    candidates: [integerIn(1, 64), 'an integer from 1 to 64'],
     blockSize: [integerIn(1, 64), 'an integer from 1 to 64'],
     stepsPerBlock: [integerIn(1, 64), 'an integer from 1 to 64'],
     policy: [oneOf(POLICIES), POLICIES.join(' | ')],
-    threshold: [numberIn(0, 1), 'a number from 0 to 1'],
+    threshold: [numberAbove(0), 'a number above 0'],
     maxLatencyMs: [integerIn(50, 600_000), 'an integer from 50 to 600000'],
     automaticTrigger: [(v) => typeof v === 'boolean', 'true or false'],
     validationLevel: [oneOf(VALIDATION_LEVELS), VALIDATION_LEVELS.join(' | ')],
-    maxNewTokens: [integerIn(1, 4096), 'an integer from 1 to 4096'],
+    maxNewTokens: [integerIn(1, 32768), 'an integer from 1 to 32768'],
 };
 
 export function expandPath(value: string, vars: PathVariables): string {

@@ -44,7 +44,7 @@ describe('settings: dice.* -> the server settings object', () => {
 
     it('replaces each bad value by its default and says so', () => {
         const { settings, problems } = resolveServerSettings(
-            getter({ candidates: 0, policy: 'greedy', threshold: 1.5, blockSize: 2.5, automaticTrigger: 'yes' }),
+            getter({ candidates: 0, policy: 'greedy', threshold: 0, blockSize: 2.5, automaticTrigger: 'yes' }),
         );
         assert.equal(settings.candidates, 3);
         assert.equal(settings.policy, 'dynamic');
@@ -101,6 +101,10 @@ describe('package.json contributes the settings the server reads', () => {
             if (Array.isArray(prop.enum)) {
                 prop.enum.forEach((v) => assert.ok(accepts(v), `dice.${key} accepts ${v}`));
                 assert.ok(!accepts('bogus'), `dice.${key} rejects bogus`);
+            }
+            if (typeof prop.exclusiveMinimum === 'number') {
+                assert.ok(!accepts(prop.exclusiveMinimum), `dice.${key} rejects its exclusive minimum`);
+                assert.ok(accepts(prop.exclusiveMinimum + 0.01), `dice.${key} accepts just above it`);
             }
             if (typeof prop.minimum === 'number' && typeof prop.maximum === 'number') {
                 const step = prop.type === 'integer' ? 1 : 0.01;
