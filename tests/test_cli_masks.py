@@ -1,4 +1,4 @@
-"""`dice masks FILE [--json]`: the JSON contract of DESIGN.md section 3, the table, and user errors."""
+"""`dice masks FILE [--json]`: the JSON contract of docs/CONTRACTS.md, the table, and user errors."""
 
 from __future__ import annotations
 

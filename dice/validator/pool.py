@@ -31,6 +31,7 @@ from typing import Any
 
 from dice.validator.paths import cache_dir, source_hash
 from dice.validator.reference import check_reference
+from dice.validator.spec_files import dependency_stamps
 from dice.validator.verdict import Verdict, error_verdict
 
 STARTUP_TIMEOUT_S = 180.0
@@ -290,7 +291,8 @@ class ValidatorPool:
             "filename": Path(filename).name,
             "folder": None if folder is None else os.path.abspath(os.fspath(folder)),
         }
-        return self._submit(payload)
+        stamps = dependency_stamps(text, payload["folder"], payload["filename"])
+        return self._submit(payload, key_extra=stamps)
 
     def submit_kernelbench(
         self, ref_src: str, cand_src: str, *, strict: bool = False, timing: bool = True
@@ -343,14 +345,16 @@ class ValidatorPool:
 
     # ------------------------------------------------------------------------------------------ internals
     def _submit(
-        self, payload: dict[str, Any], *, use_cache: bool = True
+        self, payload: dict[str, Any], *, use_cache: bool = True, key_extra: Any = None
     ) -> concurrent.futures.Future[Verdict]:
         if self._closed:
             raise RuntimeError("the validator pool is closed")
         future: concurrent.futures.Future[Verdict] = concurrent.futures.Future()
         key = None
         if self._verdicts is not None and use_cache:
-            key = source_hash(json.dumps(payload, sort_keys=True), str(self.gpu), length=32)
+            key = source_hash(
+                json.dumps(payload, sort_keys=True), json.dumps(key_extra), str(self.gpu), length=32
+            )
             with self._cache_lock:
                 hit = self._verdicts.get(key)
                 if hit is not None:

@@ -40,9 +40,8 @@ def check_reference(src: str) -> ast.Module:
         raise InvalidReference(f"reference has a syntax error{where}: {getattr(exc, 'msg', exc)}") from exc
     missing = [n for n in REQUIRED_NAMES if n not in top_level_names(tree)]
     if missing:
-        raise InvalidReference(
-            "reference is not a KernelBench problem: it does not define " + ", ".join(missing)
-        )
+        what = ", ".join(missing)
+        raise InvalidReference(f"not a KernelBench-format reference: it does not define {what}")
     return tree
 
 

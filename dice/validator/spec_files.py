@@ -50,6 +50,27 @@ def spec_reference_files(spec_source: str | None, cu_path: Path) -> set[Path]:
     return {p.resolve() for p in found if p == sibling or p.exists()}
 
 
+def dependency_stamps(text: str, folder: str | os.PathLike[str] | None, filename: str) -> list[list[object]]:
+    """(path, mtime_ns, size) of every local file the ``.cu`` text's dice-spec depends on (-1, -1 for one
+    that does not exist): part of every verdict cache key, so a verdict is never served after its reference
+    module changed, whether or not a file watcher noticed. Empty without a folder or a dice-spec."""
+    if folder is None or "dice-spec" not in text:
+        return []
+    from dice.cuda_source import parse_document
+
+    spec = parse_document(text).spec
+    if spec is None:
+        return []
+    stamps: list[list[object]] = []
+    for path in sorted(spec_reference_files(spec.source, Path(folder) / filename)):
+        try:
+            st = path.stat()
+            stamps.append([str(path), st.st_mtime_ns, st.st_size])
+        except OSError:
+            stamps.append([str(path), -1, -1])
+    return stamps
+
+
 @contextlib.contextmanager
 def spec_folder_imports(folder: str | os.PathLike[str] | None) -> Iterator[None]:
     """Let a dice-spec import modules from ``folder`` (the ``.cu`` file's folder; None: nothing changes).

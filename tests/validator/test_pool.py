@@ -177,3 +177,25 @@ def test_prewarm_starts_workers_before_any_task(tmp_path: Path, monkeypatch: pyt
         assert len(pids) == 2
         first = json.loads(probe(pool, action="ok").message)
         assert first["pid"] in pids
+
+
+def test_verdict_cache_follows_the_files_a_spec_imports(cpu_pool: ValidatorPool, tmp_path: Path) -> None:
+    """A cached verdict is served again only while the files its dice-spec imports are unchanged: the
+    cache key holds their stamps, so no watcher has to notice the change first. (A cache hit is a future
+    that is done when submit returns; a real task needs a worker and an NVRTC compile.)"""
+    ref = tmp_path / "ref_mod.py"
+    ref.write_text("def reference(x):\n    return x\n")
+    text = (
+        "/* dice-spec\nfrom ref_mod import reference\n\ndef inputs():\n    return []\n\n"
+        "def launch(module):\n    return None\n*/\n"
+        "__global__ void k(float* y) { y[0] = 1.0f; }\n"
+    )
+    assert cpu_pool.submit_cu(text, filename="k.cu", folder=tmp_path).result().status == "compiled"
+    assert cpu_pool.submit_cu(text, filename="k.cu", folder=tmp_path).done()  # from the cache
+    ref.write_text("def reference(x):\n    return 2 * x\n")
+    stat = ref.stat()
+    os.utime(ref, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # a new stamp even on coarse clocks
+    changed = cpu_pool.submit_cu(text, filename="k.cu", folder=tmp_path)
+    assert not changed.done()  # validated again
+    assert changed.result().status == "compiled"
+    assert cpu_pool.submit_cu(text, filename="k.cu", folder=tmp_path).done()  # and cached again
