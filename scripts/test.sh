@@ -9,6 +9,9 @@ bash scripts/install.sh
 
 "$PY" -m ruff check .
 "$PY" -m ruff format --check .
+# the layers of docs/INTERNALS.md (contracts in pyproject.toml)
+"$PY" -c 'import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())' \
+    --no-cache
 
 if [ -f vscode-client/package.json ]; then
     (cd vscode-client && npm ci --no-audit --no-fund && npm test)
