@@ -48,6 +48,8 @@ def _machine() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Long on purpose: the whole measurement protocol, read top to bottom in the order it runs (a
+    benchmark script, as nanochat's are); split into helpers, the protocol would be scattered."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", type=Path)
     parser.add_argument("--model", default=None)

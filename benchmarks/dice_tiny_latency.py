@@ -140,6 +140,8 @@ def first_request_check(model, prompt: list[int], new_tokens: int, repeats: int)
 
 
 def main() -> None:
+    """Long on purpose: the whole measurement protocol, read top to bottom in the order it runs (a
+    benchmark script, as nanochat's are); split into helpers, the protocol would be scattered."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="checkpoint folder (default: the embedded dice-tiny)")
     parser.add_argument("--repeats", type=int, default=20)

@@ -305,6 +305,7 @@ class Report:
         (self.out / "engine_h200.md").write_text(self.markdown())
 
     def markdown(self) -> str:
+        """Long on purpose: one report template written out in the order it reads, not logic."""
         d, s = self.data, self.data["sections"]
         m = d["machine"]
         lines = [

@@ -77,6 +77,8 @@ def spec_of(ref_src: str) -> str:
 
 
 def main() -> int:
+    """Long on purpose: the whole measurement protocol, read top to bottom in the order it runs (a
+    benchmark script, as nanochat's are); split into helpers, the protocol would be scattered."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -194,6 +194,8 @@ def machine() -> dict[str, Any]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Long on purpose: the whole measurement protocol, read top to bottom in the order it runs (a
+    benchmark script, as nanochat's are); split into helpers, the protocol would be scattered."""
     settings = {
         "modelPath": str(args.model) if args.model else "",
         "device": args.device,

@@ -213,6 +213,8 @@ def check_exports(one: Path, multi: Path, rows_path: str, out: Path) -> None:
 
 
 def main() -> None:
+    """Long on purpose: the whole measurement protocol, read top to bottom in the order it runs (a
+    benchmark script, as nanochat's are); split into helpers, the protocol would be scattered."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="results folder ($OUT on the device)")
     ap.add_argument("--work", default="/tmp/sft_multigpu", help="run folders (exports: 4 GB each at 1.7B)")

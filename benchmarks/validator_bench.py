@@ -221,6 +221,7 @@ def bench_kb(
 
 
 def write_results(results: dict[str, Any], out_dir: Path) -> None:
+    """Long on purpose: one report template written out in the order it reads, not logic."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "validator_bench.json").write_text(json.dumps(results, indent=2) + "\n")
     cu, kb = results.get("cu", {}), results.get("kernelbench", {})
