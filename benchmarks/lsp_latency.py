@@ -60,7 +60,7 @@ __global__ void softmax_rows(const float* __restrict__ x, float* __restrict__ y,
 TYPED = "float max_row = shared[0]; __syncthreads(); float total = 0.0f; // running sum"
 
 SHAPES: dict[str, dict[str, int]] = {
-    # SDAR-1.7B-Chat (Qwen3-1.7B body), DESIGN.md section 2
+    # SDAR-1.7B-Chat (Qwen3-1.7B body: hidden 2048, 28 layers, 16/8 heads, MLP 6144)
     "1.7b": dict(
         hidden_size=2048,
         num_hidden_layers=28,

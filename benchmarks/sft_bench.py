@@ -26,7 +26,7 @@ import torch
 PEAK_BF16_TFLOPS = 989.4
 
 PRESETS = {
-    # SDAR-1.7B as DESIGN.md infers it (Qwen3-1.7B shape); vocab of the SDAR tokenizer.
+    # SDAR-1.7B as inferred from Qwen3-1.7B (its base) and the SDAR configs; vocab of the SDAR tokenizer.
     "1.7b": dict(
         vocab_size=151936,
         hidden_size=2048,

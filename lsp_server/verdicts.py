@@ -1,4 +1,4 @@
-"""Verdicts as the server sends them: the DESIGN verdict object (``docs/CONTRACTS.md``). The label clients
+"""Verdicts as the server sends them: the verdict object of ``docs/CONTRACTS.md``. The label clients
 show is ``dice.validator.verdict.verdict_label``; which candidates may be shown is
 ``dice.assistant.rules.usable``."""
 

@@ -2,7 +2,7 @@
 
 Per document (a packed row may hold several) ``t ~ U(eps, 1)``; each trainable (response) token is replaced
 by the mask token with probability ``t``; the loss is the cross-entropy of the masked tokens weighted by
-``1/t``, summed, and divided by the number of trainable tokens (DESIGN.md section 2; SDAR's
+``1/t``, summed, and divided by the number of trainable tokens (SDAR's
 ``forward_add_noise_packed`` + ``FusedLinearDiffusionCrossEntropyLoss(reduction="sum") / answer_len``).
 """
 
