@@ -48,10 +48,17 @@ class InferenceEngine(Protocol):
     is called after every denoising step and may raise to stop the generation.
     """
 
-    name: str
-    path: Path | None
-    config: ContextConfig
-    tokenizer: TokenCounter | None
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def path(self) -> Path | None: ...
+
+    @property
+    def config(self) -> ContextConfig: ...
+
+    @property
+    def tokenizer(self) -> TokenCounter | None: ...
 
     @property
     def device(self) -> Any: ...

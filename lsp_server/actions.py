@@ -84,6 +84,10 @@ def filter_kinds(actions: list[types.CodeAction], only: Sequence[str] | None) ->
     return [a for a in actions if any(str(a.kind) == k or str(a.kind).startswith(k + ".") for k in wanted)]
 
 
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 class CommandArgumentError(ValueError):
     """A command was called with arguments it cannot use; the message is shown to the user."""
 
@@ -115,7 +119,7 @@ def parse_arguments(command: str, args: Sequence[Any] | None) -> CommandTarget:
                 f"{command}: expected a position {{line, character}} as the second argument"
             )
         line, character = raw.get("line"), raw.get("character")
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (line, character)):
+        if not (isinstance(line, int) and isinstance(character, int) and _count(line) and _count(character)):
             raise CommandArgumentError(f"{command}: bad position {raw!r}")
         position = types.Position(line=line, character=character)
     return CommandTarget(uri=uri, position=position)

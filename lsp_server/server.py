@@ -163,6 +163,7 @@ def _register_command(server: DiceLanguageServer, session: DiceSession, name: st
     # passes the JSON values through) keeps parsing and its error messages in actions.parse_arguments.
     async def handler(*args) -> dict[str, Any]:  # noqa: ANN002
         protocol = server.protocol
+        assert isinstance(protocol, DiceProtocol)
         msg_id = protocol.msg_id
         task = asyncio.current_task()
         if msg_id is not None and task is not None:

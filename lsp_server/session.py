@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -429,7 +430,10 @@ class DiceSession:
                 self._debounced(MODEL_KEY, MODEL_RELOAD_DELAY_S, self.load_service)
             else:
                 self.log(f"{path.name} changed on disk: re-validating {key}")
-                self._debounced(key, REVALIDATE_DELAY_S, lambda uri=key: self.spawn(self.revalidate(uri)))
+                self._debounced(key, REVALIDATE_DELAY_S, functools.partial(self._spawn_revalidate, key))
+
+    def _spawn_revalidate(self, uri: str) -> None:
+        self.spawn(self.revalidate(uri))
 
     def _debounced(self, key: str, delay: float, fn: Callable[[], Any]) -> None:
         old = self._timers.pop(key, None)

@@ -94,14 +94,16 @@ class ModelOwner:
 
     def _load(self) -> None:
         with self._lock:
-            if self._engine is None:
+            loaded = self._engine
+            if loaded is None:
                 import engine as engine_pkg
 
-                self._engine = engine_pkg.load_engine(self.settings.model_path, device=self._device())
-                _prime(self._engine)
+                loaded = engine_pkg.load_engine(self.settings.model_path, device=self._device())
+                _prime(loaded)
+                self._engine = loaded
             if self._info is None:
-                self._hole_cut = read_hole_cut(self._engine.path)
-                self._info = describe_engine(self._engine, self.choice())
+                self._hole_cut = read_hole_cut(loaded.path)
+                self._info = describe_engine(loaded, self.choice())
 
     def _device(self) -> str:
         if self.settings.device != "auto":
