@@ -11,7 +11,7 @@ from dice.assistant import AssistantService
 from dice.assistant.rules import usable
 from dice.assistant.types import Candidate, DocumentCompletion
 from lsp_server.documents import DocumentSnapshot, current_version, open_snapshot
-from lsp_server.inline import InlinePlan, Shown, Ticket, completion_items, plan_inline
+from lsp_server.inline import InlinePlan, Shown, Ticket, completion_items, plan_inline, suggestion_status
 from lsp_server.session import DiceSession, Offer, ServiceUnavailable
 
 logger = logging.getLogger(__name__)
@@ -116,13 +116,28 @@ def _items(
     """The usable candidates as items (one for an automatic request), remembered as offered (an accepted
     one becomes a region) and, at a cursor, as shown (typing their start keeps their rest)."""
     level = session.settings.validation.level
-    shown = [c for c in _mask_candidates(result, plan.mask_index) if usable(c.verdict, level)]
+    candidates = _mask_candidates(result, plan.mask_index)
+    shown = [c for c in candidates if usable(c.verdict, level)]
     n = session.settings.decoding.candidates
-    items = completion_items(shown, plan.range, limit=1 if automatic else n, prefix=plan.prefix)
+    limit = 1 if automatic else n
+    items = completion_items(shown, plan.range, limit=limit, prefix=plan.prefix, uri=snap.uri)
+    if not shown and candidates and session.settings.suggestions.show_failing:
+        # nothing passed: the best attempt is still shown, marked with its verdict and first error
+        items = completion_items(
+            candidates[:1], plan.range, limit=1, prefix=plan.prefix, uri=snap.uri, usable=False
+        )
+    session.notify_suggestion_status(
+        snap.uri,
+        plan.range.start,
+        candidates=len(candidates),
+        usable=len(shown),
+        shown=len(items),
+        message=suggestion_status(candidates, len(shown), len(items)),
+    )
     state = session.state_of(snap.uri)
     state.shown = None
     if items:
-        by_text = {plan.prefix + c.text: c.verdict for c in shown}
+        by_text = {plan.prefix + c.text: c.verdict for c in candidates}
         texts = [item.insert_text for item in items if isinstance(item.insert_text, str)]
         verdicts = [by_text.get(t) for t in texts]
         start = plan.byte_offset - len(plan.prefix.encode("utf-8"))

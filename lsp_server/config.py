@@ -43,11 +43,15 @@ class DecodingSettings:
 class SuggestionSettings:
     automatic_trigger: bool = _default("automatic_trigger")
     max_latency_ms: int = _default("max_latency_ms")
+    show_failing: bool = _default("show_failing_suggestions")
 
 
 @dataclass(frozen=True)
 class ValidationSettings:
     level: str = _default("validation_level")
+    compile_commands: str = _default("compile_commands")  # "" = discovered beside the file
+    include_paths: tuple[str, ...] = _default("include_paths")
+    defines: tuple[str, ...] = _default("defines")
 
 
 # Python setting name -> (section, field) of DiceSettings
@@ -63,6 +67,10 @@ SECTIONS: dict[str, tuple[str, str]] = {
     "automatic_trigger": ("suggestions", "automatic_trigger"),
     "max_latency_ms": ("suggestions", "max_latency_ms"),
     "validation_level": ("validation", "level"),
+    "compile_commands": ("validation", "compile_commands"),
+    "include_paths": ("validation", "include_paths"),
+    "defines": ("validation", "defines"),
+    "show_failing_suggestions": ("suggestions", "show_failing"),
 }
 
 

@@ -14,7 +14,6 @@ from pygls.workspace import Workspace
 # Beyond this the server still tracks the document but runs no model work on it (a 5 MB file is
 # parsed for masks; 32 MB of text is not a kernel someone edits by hand).
 MAX_ANALYSED_CHARS = 32 * 1024 * 1024
-CUDA_LANGUAGE_IDS = frozenset({"cuda-cpp", "cuda", "cuda-cpp-header", "cpp", "c"})
 CUDA_SUFFIXES = frozenset({".cu", ".cuh"})
 
 

@@ -19,7 +19,7 @@ from lsprotocol import types
 from dice.assistant.types import Candidate
 from dice.cuda_source import CudaDocument, Mask
 from dice.validator import Verdict
-from dice.validator.verdict import verdict_label
+from dice.validator.verdict import first_line, verdict_label
 from lsp_server.convert import lsp_range
 
 
@@ -42,17 +42,32 @@ def is_single_line(rng: types.Range) -> bool:
     return rng.start.line == rng.end.line
 
 
+ACCEPTED_COMMAND = "dice.suggestionAccepted"  # client-side: carries the verdict label of an item
+
+
+def suggestion_label(candidate: Candidate, usable: bool) -> str:
+    """What a client shows beside a suggestion: its verdict label, and for one that failed validation (shown
+    only because nothing passed) its first error."""
+    label = verdict_label(candidate.verdict)
+    if not usable and candidate.verdict is not None and first_line(candidate.verdict.message):
+        label += " · " + first_line(candidate.verdict.message)
+    return label
+
+
 def completion_items(
     candidates: Sequence[Candidate],
     rng: types.Range,
     *,
     limit: int,
     prefix: str = "",
+    uri: str = "",
+    usable: bool = True,
 ) -> list[types.InlineCompletionItem]:
     """Items for ranked ``dice.assistant.Candidate``s (best first), replacing ``rng``.
 
     ``prefix`` is the text of a selected completion item the suggestion must start with; duplicates
-    (same text) are dropped so cycling shows distinct suggestions.
+    (same text) are dropped so cycling shows distinct suggestions. Each item's ``command`` carries its label
+    (``dice.suggestionAccepted``, ``{"uri", "label", "usable"}``): clients show it beside the suggestion.
     """
     items: list[types.InlineCompletionItem] = []
     seen: set[str] = set()
@@ -61,16 +76,33 @@ def completion_items(
         if not cand.text.strip() or text in seen:
             continue
         seen.add(text)
+        label = suggestion_label(cand, usable)
+        command = types.Command(
+            title=label, command=ACCEPTED_COMMAND, arguments=[{"uri": uri, "label": label, "usable": usable}]
+        )
         items.append(
             types.InlineCompletionItem(
-                insert_text=text,
-                range=rng,
-                filter_text=prefix or None,
+                insert_text=text, range=rng, filter_text=prefix or None, command=command
             )
         )
         if len(items) >= limit:
             break
     return items
+
+
+def suggestion_status(candidates: Sequence[Candidate], usable: int, shown: int) -> str | None:
+    """The message a client shows when no candidate passed validation (None when one did)."""
+    if usable:
+        return None
+    if not candidates:
+        return "no suggestion: every fill the model gave was blank"
+    n = len(candidates)
+    compiled = any(c.verdict is not None and c.verdict.compiled for c in candidates)
+    what = "passed validation" if compiled else "compiled"
+    best = candidates[0].verdict
+    detail = first_line(best.message) if best is not None else ""
+    text = f"{n} candidate{'s' if n != 1 else ''}, none {what}"
+    return text + (f": {detail}" if detail else "")
 
 
 def candidate_labels(candidates: Sequence[Candidate]) -> list[str]:

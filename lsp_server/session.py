@@ -26,7 +26,7 @@ from lsp_server.diagnostics import compile_error_diagnostics, mask_diagnostics
 from lsp_server.documents import DocumentSnapshot, open_snapshot
 from lsp_server.inline import AdaptiveDebounce, RequestTracker, Shown
 from lsp_server.regions import FilledRegion, make_region, relocate
-from lsp_server.status import STATUS_METHOD, StatusState, status_params
+from lsp_server.status import STATUS_METHOD, SUGGESTION_STATUS_METHOD, StatusState, status_params
 from lsp_server.verdicts import verdict_json
 from lsp_server.watch import FileWatcher
 
@@ -152,6 +152,29 @@ class DiceSession:
             for key, value in service.stats.items():
                 counters[key] = counters.get(key, 0) + value
         return {**counters, "typed_through": self.typed_through}
+
+    def notify_suggestion_status(
+        self,
+        uri: str,
+        position: types.Position,
+        *,
+        candidates: int,
+        usable: int,
+        shown: int,
+        message: str | None,
+    ) -> None:
+        """``dice/suggestionStatus``: how an inline request ended (docs/INTERNALS.md, "LSP ⟷ clients")."""
+        params = {
+            "uri": uri,
+            "position": {"line": position.line, "character": position.character},
+            "candidates": candidates,
+            "usable": usable,
+            "shown": shown,
+            "message": message,
+        }
+        if message:
+            self.log(f"no usable suggestion: {message}", types.MessageType.Log)
+        self._on_loop(self.ls.protocol.notify, SUGGESTION_STATUS_METHOD, params)
 
     def _ready_message(self) -> str | None:
         return self.model_info.describe() if self.model_info is not None else None

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 STATUS_METHOD = "dice/status"
+# after each inline request the model answered: {uri, position, candidates, usable, shown, message}
+SUGGESTION_STATUS_METHOD = "dice/suggestionStatus"
 
 StatusState = Literal["loading", "ready", "busy", "validating", "error"]
 STATES: tuple[str, ...] = ("loading", "ready", "busy", "validating", "error")

@@ -115,3 +115,17 @@ def test_console_entry_point_in_a_subprocess() -> None:
     assert result.returncode == 0, result.stderr
     (mask,) = json.loads(result.stdout)
     assert mask["function"] == "vector_add" and mask["kind"] == "global" and mask["budget"] is None
+
+
+def test_non_cuda_files_are_refused(tmp_path, capsys) -> None:
+    """A Markdown file's ``/* <MASK> */`` is prose, not a hole."""
+    from dice.cli import main
+
+    notes = tmp_path / "notes.md"
+    notes.write_text("Write `/* <MASK> */` where the model should fill in.\n")
+    assert main(["masks", str(notes)]) == 2
+    assert "not a CUDA or C++ source file" in capsys.readouterr().err
+    assert main(["complete", str(notes)]) == 2
+    header = tmp_path / "k.cuh"
+    header.write_text("__device__ float f(float x) { /* <MASK> */ }\n")
+    assert main(["masks", str(header), "--json"]) == 0

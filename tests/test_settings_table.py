@@ -19,7 +19,16 @@ from dice.assistant.settings import (
 )
 
 CLIENT = Path(__file__).resolve().parents[1] / "vscode-client"
-SCHEMA_KEYS = ("type", "default", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+SCHEMA_KEYS = (
+    "type",
+    "default",
+    "enum",
+    "items",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+)
 
 
 def package_properties() -> dict[str, dict]:
@@ -47,7 +56,7 @@ def test_typescript_defaults_and_keys_are_the_tables() -> None:
     defaults = {}
     for key, value in re.findall(r"(\w+):\s*([^,\n]+),", literal.group(1)):
         defaults[key] = json.loads(value.strip().replace("'", '"'))
-    assert defaults == {s.key: s.default for s in EDITOR_SETTINGS}
+    assert defaults == {s.key: list(s.default) if s.kind == "array" else s.default for s in EDITOR_SETTINGS}
     interface = re.search(r"interface DiceServerSettings \{(.*?)\}", source, re.DOTALL)
     assert interface
     assert re.findall(r"^\s*(\w+):", interface.group(1), re.MULTILINE) == [s.key for s in EDITOR_SETTINGS]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 ValidationLevel = Literal["none", "compile", "run"]
-Kind = Literal["string", "integer", "number", "boolean"]
+Kind = Literal["string", "integer", "number", "boolean", "array"]  # array: of strings
 
 POLICIES = ("static", "dynamic", "entropy")
 DEVICES = ("auto", "cpu", "cuda")
@@ -49,6 +49,8 @@ class Setting:
         """What a valid value is, in words (used in every message about a bad value)."""
         if self.kind == "boolean":
             return "true or false"
+        if self.kind == "array":
+            return "a list of strings"
         if self.kind == "string":
             if not self.choices:
                 return "a string"
@@ -74,6 +76,10 @@ class Setting:
             if not isinstance(value, bool):
                 raise ValueError(f"expected {self.expected()}")
             return value
+        if self.kind == "array":
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"expected {self.expected()}")
+            return tuple(value)
         if self.kind == "string":
             if not isinstance(value, str):
                 raise ValueError(f"expected {self.expected()}" if self.choices else "expected a string")
@@ -104,7 +110,10 @@ class Setting:
 
     def json_schema(self) -> dict[str, Any]:
         """The JSON Schema ``vscode-client/package.json`` must give ``dice.<key>`` (descriptions aside)."""
-        schema: dict[str, Any] = {"type": self.kind, "default": self.default}
+        default = list(self.default) if isinstance(self.default, tuple) else self.default
+        schema: dict[str, Any] = {"type": self.kind, "default": default}
+        if self.kind == "array":
+            schema["items"] = {"type": "string"}
         if self.choices:  # a pattern (device "cuda:N") is accepted too, but the editor offers the choices
             schema["enum"] = list(self.choices)
         for name, value in (("minimum", self.minimum), ("exclusiveMinimum", self.exclusive_minimum)):
@@ -139,6 +148,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("automatic_trigger", "automaticTrigger", "boolean", True, assistant=False),
     Setting("validation_level", "validationLevel", "string", "run", choices=VALIDATION_LEVELS),
     Setting("max_new_tokens", "maxNewTokens", "integer", 256, minimum=1, maximum=32768),
+    # how the compile check finds the project's flags: an explicit compile_commands.json ("" = look for one
+    # beside the file, in an ancestor, or in a build*/ folder of an ancestor), extra -I folders and -D macros
+    Setting("compile_commands", "compileCommands", "string", ""),
+    Setting("include_paths", "includePaths", "array", ()),
+    Setting("defines", "defines", "array", ()),
+    # when no candidate passes validation, still show the best one, marked with its verdict
+    Setting("show_failing_suggestions", "showFailingSuggestions", "boolean", True, assistant=False),
     Setting("sample_temperature", None, "number", 0.8, exclusive_minimum=0.0),
     Setting("seed", None, "integer", 0),
 )
@@ -172,6 +188,9 @@ class AssistantSettings:
     max_latency_ms: int = _default("max_latency_ms")
     validation_level: ValidationLevel = _default("validation_level")
     max_new_tokens: int = _default("max_new_tokens")
+    compile_commands: str = _default("compile_commands")
+    include_paths: tuple[str, ...] = _default("include_paths")
+    defines: tuple[str, ...] = _default("defines")
     sample_temperature: float = _default("sample_temperature")
     seed: int = _default("seed")
 
@@ -190,14 +209,21 @@ class AssistantSettings:
                     problems.append(f"max_latency_ms must be an integer, got {value!r}")
                 continue
             try:
-                setting.check(value, policy=self.policy)
+                cleaned = setting.check(value, policy=self.policy)
             except ValueError as exc:
                 problems.append(f"{setting.name} must be {str(exc).removeprefix('expected ')}, got {value!r}")
+                continue
+            if setting.kind == "array":  # lists (JSON, argparse) become tuples: the object stays hashable
+                object.__setattr__(self, setting.name, cleaned)
         if problems:
             raise ValueError("; ".join(problems))
 
     def replace(self, **changes: Any) -> AssistantSettings:
         return dataclasses.replace(self, **changes)
+
+    def build_key(self) -> tuple[Any, ...]:
+        """The settings that change how the compile check builds the file (part of verdict cache keys)."""
+        return (self.compile_commands, self.include_paths, self.defines)
 
     def decode_key(self) -> tuple[Any, ...]:
         """The settings that change what the model produces (part of every cache key)."""

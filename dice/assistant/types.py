@@ -110,6 +110,8 @@ class DocumentCompletion:
             "best_verdict": None if self.best_verdict is None else self.best_verdict.to_json(),
             "partial": self.partial,
             "from_cache": self.from_cache,
+            # seconds (generate_s, greedy_s, validate_s, total_s) and counts (steps, empty_fills, duplicates)
+            "timings": {k: round(v, 4) if isinstance(v, float) else v for k, v in self.stats.items()},
         }
 
 

@@ -50,3 +50,16 @@ def write_atomically(path: Path, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+# What `dice masks` / `dice complete` read: CUDA sources and the C++ files that hold device code too.
+CUDA_SUFFIXES = frozenset(
+    {".cu", ".cuh", ".cuda", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".hh", ".hxx", ".inl"}
+)
+
+
+def require_cuda_source(path: Path) -> None:
+    """CliError for a file that is not CUDA/C++ source (a Markdown file's ``<MASK>`` is not a hole)."""
+    if path.suffix.lower() not in CUDA_SUFFIXES:
+        known = ", ".join(sorted(CUDA_SUFFIXES))
+        raise CliError(f"{path}: not a CUDA or C++ source file (expected one of {known})")

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dice.commands.common import CliError, read_text_file, write_atomically
+from dice.commands.common import CliError, read_text_file, require_cuda_source, write_atomically
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from dice.commands.console import add_settings_arguments
+    from dice.commands.console import add_build_arguments, add_settings_arguments
 
     parser = subparsers.add_parser(
         "complete",
@@ -34,6 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("file", type=Path, metavar="FILE", help=".cu or .cuh file with masks")
     add_settings_arguments(parser, count_flag="--candidates", count_default=3)
+    add_build_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print every candidate with its verdict as JSON")
     parser.add_argument(
         "--write",
@@ -65,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     console = stderr_console(args.quiet)
     path: Path = args.file
+    require_cuda_source(path)
     text = read_text_file(path)
     doc = parse_document(text)
     if not doc.masks:
@@ -86,15 +88,46 @@ def run(args: argparse.Namespace) -> int:
     _report(console, result)
     if args.json:
         print(json.dumps({"file": str(path), **result.to_json()}, indent=2, ensure_ascii=False))
+    best_text = _keep_line_endings(text, result)
     if args.write:
-        _write(console, settings, path, text, result, force=args.force)
+        _write(console, settings, path, text, best_text, result, force=args.force)
     elif not args.json:
-        if result.best_text == text:
+        if best_text == text:
             console.print(
                 "No mask got a usable fill: nothing to change (try more --candidates or a larger model)."
             )
-        sys.stdout.write(unified_diff(path, text, result.best_text))
-    return 0
+        sys.stdout.write(unified_diff(path, text, best_text))
+    # exit 1 when no mask got a fill the editor would show (dice.assistant.rules.usable): scripts can tell
+    return 0 if _any_usable(result, settings) else 1
+
+
+def _any_usable(result: DocumentCompletion, settings: AssistantSettings) -> bool:
+    from dice.assistant.rules import usable
+
+    return any(
+        mc.best is not None and usable(mc.best.verdict, settings.validation_level) for mc in result.masks
+    )
+
+
+def _keep_line_endings(text: str, result: DocumentCompletion) -> str:
+    """The best text with the fills' line breaks written as the file writes its own: a fill the model wrote
+    with ``\n`` goes into a CRLF file as ``\r\n`` (the rest of the file is unchanged)."""
+    if "\r\n" not in text or not any("\n" in e.new_text for e in result.edits):
+        return result.best_text
+    from dice.cuda_source import PositionIndex
+
+    index = PositionIndex(text)
+    spans = sorted(
+        (index.position_to_byte(e.range.start), index.position_to_byte(e.range.end), e.new_text)
+        for e in result.edits
+    )
+    out, cursor = [], 0
+    for start, end, new in spans:
+        crlf = new.replace("\r\n", "\n").replace("\n", "\r\n")
+        out += [index.data[cursor:start], crlf.encode("utf-8", "surrogatepass")]
+        cursor = end
+    out.append(index.data[cursor:])
+    return b"".join(out).decode("utf-8", "surrogatepass")
 
 
 def _fill(
@@ -172,6 +205,7 @@ def _write(
     settings: AssistantSettings,
     path: Path,
     text: str,
+    best_text: str,
     result: DocumentCompletion,
     *,
     force: bool,
@@ -195,6 +229,6 @@ def _write(
         )
     if read_text_file(path) != text:
         raise CliError(f"{path} changed on disk while DICE was working; not writing (run it again)", code=1)
-    write_atomically(path, result.best_text)
+    write_atomically(path, best_text)
     plural = "s" if len(result.masks) != 1 else ""
     console.print(f"Wrote {path} ({len(result.masks)} mask{plural} filled).")

@@ -121,6 +121,35 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, count_flag: str, 
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress or messages on stderr")
 
 
+def add_build_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the compile check finds the project's flags (``dice complete``, ``dice validate``)."""
+    parser.add_argument(
+        "--compile-commands",
+        metavar="PATH",
+        default=BY_NAME["compile_commands"].default,
+        help="compile_commands.json with the file's flags (default: looked for beside the file, in its "
+        "ancestors and their build*/ folders, as clangd does)",
+    )
+    parser.add_argument(
+        "-I",
+        "--include-path",
+        dest="include_paths",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="extra include folder for the compile check (repeatable)",
+    )
+    parser.add_argument(
+        "-D",
+        "--define",
+        dest="defines",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="extra macro for the compile check (repeatable)",
+    )
+
+
 def settings_from_args(args: argparse.Namespace) -> AssistantSettings:
     """AssistantSettings from the flags; raises ValueError naming every bad value."""
     return AssistantSettings(
@@ -136,6 +165,10 @@ def settings_from_args(args: argparse.Namespace) -> AssistantSettings:
         max_new_tokens=args.max_new_tokens,
         sample_temperature=args.temperature,
         seed=args.seed,
+        # the build flags exist on commands that compile .cu files (add_build_arguments)
+        compile_commands=vars(args).get("compile_commands") or "",
+        include_paths=tuple(vars(args).get("include_paths") or ()),
+        defines=tuple(vars(args).get("defines") or ()),
     )
 
 

@@ -159,6 +159,10 @@ def run_kernelbench(args: argparse.Namespace) -> int:
         ValidatorPool(args.workers, timeout_s=args.timeout, build_timeout_s=args.build_timeout) as pool,
         verdicts_path.open("a", encoding="utf-8") as sink,
     ):
+        if not pool.gpu:  # said before the run, not after it
+            console.print(
+                "[yellow]no GPU: candidates are compile-checked only, so Exec and fast_p will be 0[/]"
+            )
         records += _validate(args, console, pool, _Generator(args, out), todo, sink)
 
     summary = summarize(records, ks)
@@ -177,7 +181,7 @@ def run_kernelbench(args: argparse.Namespace) -> int:
     _print_table(console, summary, ks)
     console.print(f"verdicts: {verdicts_path}  summary: {out / 'summary.json'}  plot: {plot}")
     if not pool.gpu:
-        console.print("[yellow]no GPU: candidates were compile-checked only, so Exec and fast_p are 0[/]")
+        console.print("[yellow]no GPU: candidates were compile-checked only (Exec and fast_p are 0)[/]")
     if args.json:
         print(json.dumps(summary, indent=2))
     return 0

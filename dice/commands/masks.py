@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from dice.commands.common import read_text_file
+from dice.commands.common import read_text_file, require_cuda_source
 from dice.cuda_source import CudaDocument, parse_document
 
 
@@ -27,6 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_cuda_source(args.file)
     doc = parse_document(read_text_file(args.file))
     if args.json:
         json.dump([mask.to_json() for mask in doc.masks], sys.stdout, indent=2, ensure_ascii=False)

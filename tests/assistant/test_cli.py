@@ -79,7 +79,7 @@ def test_complete_prints_a_unified_diff(tiny_checkpoint, shared_pool, cu_file, c
         ]
     )
     out, err = capsys.readouterr()
-    assert code == 0
+    assert code == 1  # the tiny random model's fills never compile: nothing usable came out
     assert out.startswith(f"--- {cu_file}\n+++ {cu_file}\n@@ ")  # tmp_path is absolute
     assert "-    /* <MASK> */" in out and "-    // <MASK:16>" in out
     assert "Model: " in err and "on cpu" in err and "parameters" in err
@@ -107,9 +107,10 @@ def test_complete_json_lists_every_candidate_with_its_verdict(
         ]
     )
     out, err = capsys.readouterr()
-    assert code == 0 and err == ""
+    assert code == 1 and err == ""  # nothing usable (random model)
     payload = json.loads(out)
-    assert set(payload) >= {"file", "model", "masks", "best_verdict", "partial", "from_cache"}
+    assert set(payload) >= {"file", "model", "masks", "best_verdict", "partial", "from_cache", "timings"}
+    assert payload["timings"]["total_s"] > 0 and payload["timings"]["steps"] > 0
     assert payload["model"]["device"] == "cpu" and payload["model"]["parameters"] > 0
     expected = [m.to_json() for m in parse_document(TWO_MASKS).masks]
     assert len(payload["masks"]) == 2
@@ -144,7 +145,7 @@ def test_write_refuses_when_nothing_compiled(monkeypatch, shared_pool, cu_file, 
             "--quiet",
         ]
     )
-    assert code == 0
+    assert code == 1  # written as asked, and still nothing usable: the exit status says so
     assert BAD_SCALE in cu_file.read_text() and "<MASK" not in cu_file.read_text()
 
 
@@ -154,13 +155,13 @@ def test_compile_errors_name_the_users_file(monkeypatch, shared_pool, tmp_path, 
     _scripted(monkeypatch, lambda p, s, n, t: [(BAD_SCALE if "square" in s else GOOD_SQUARE, 0.9)] * n)
     code = main(["complete", str(path), "--candidates", "1", "--validation", "compile"])
     _, err = capsys.readouterr()
-    assert code == 0
+    assert code == 1  # the scale fill breaks the file: no mask's fill is usable
     assert "tiled_matmul.cu(6): error" in err  # the first error, on the user's file and line
     assert "kernel.cu" not in err
 
     code = main(["complete", str(path), "--candidates", "1", "--validation", "compile", "--json", "--quiet"])
     out, _ = capsys.readouterr()
-    assert code == 0
+    assert code == 1
     log = json.loads(out)["best_verdict"]["log"]
     assert "tiled_matmul.cu(6): error" in log and "kernel.cu" not in log
 
@@ -296,3 +297,17 @@ def test_write_refuses_when_every_fill_is_blank(monkeypatch, shared_pool, cu_fil
     err = capsys.readouterr().err
     assert code == 1 and "no usable fill" in err and "every fill was blank or only a comment" in err
     assert cu_file.read_bytes() == TWO_MASKS.encode()
+
+
+def test_write_keeps_a_crlf_file_crlf(monkeypatch, shared_pool, cu_file, capsys) -> None:
+    """A fill of several lines (the model writes ``\\n``) goes into a CRLF file with CRLF line breaks."""
+    two_lines = "int j = i;\nif (j < n) y[j] = a * x[j];"
+    _scripted(monkeypatch, lambda p, s, n, t: [(GOOD_SQUARE if "square" not in s else two_lines, 0.9)] * n)
+    crlf = cu_file.read_bytes().replace(b"\n", b"\r\n")
+    cu_file.write_bytes(crlf)
+    code = main(["complete", str(cu_file), "--candidates", "1", "--validation", "compile", "--write"])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    written = cu_file.read_bytes()
+    assert b"int j = i;\r\nif (j < n)" in written
+    assert written.count(b"\n") == written.count(b"\r\n")  # not one bare LF

@@ -82,7 +82,9 @@ def test_a_fill_that_fails_against_the_spec_is_not_written(tmp_path: Path) -> No
         result = DocumentCompletion(masks=[], best_text="y", edits=[], from_cache=False, best_verdict=verdict)
         result.masks.append(_mask_with_candidate(verdict))
         with pytest.raises(CliError, match="not writing"):
-            _write(stderr_console(True), AssistantSettings(), path, "/* <MASK> */\n", result, force=False)
+            _write(
+                stderr_console(True), AssistantSettings(), path, "/* <MASK> */\n", "y", result, force=False
+            )
     assert path.read_text() == "/* <MASK> */\n"
     assert usable(Verdict("correct", True, True), "run") and usable(Verdict("compiled", True), "compile")
     assert usable(None, "none") and not usable(None, "run")

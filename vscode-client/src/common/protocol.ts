@@ -55,6 +55,10 @@ export interface DiceServerSettings {
     automaticTrigger: boolean;
     validationLevel: ValidationLevel;
     maxNewTokens: number;
+    compileCommands: string; // "" = discovered beside the file, as clangd does
+    includePaths: string[];
+    defines: string[];
+    showFailingSuggestions: boolean;
 }
 
 export const DEFAULT_SERVER_SETTINGS: Readonly<DiceServerSettings> = Object.freeze({
@@ -69,6 +73,10 @@ export const DEFAULT_SERVER_SETTINGS: Readonly<DiceServerSettings> = Object.free
     automaticTrigger: true,
     validationLevel: 'run',
     maxNewTokens: 256,
+    compileCommands: '',
+    includePaths: [],
+    defines: [],
+    showFailingSuggestions: true,
 });
 
 export const SERVER_SETTING_KEYS = Object.keys(DEFAULT_SERVER_SETTINGS) as (keyof DiceServerSettings)[];

@@ -38,6 +38,7 @@ const integerIn =
     (min: number, max: number): Check =>
     (v) =>
         typeof v === 'number' && Number.isInteger(v) && v >= min && v <= max;
+const stringList: Check = (v) => Array.isArray(v) && v.every((item) => typeof item === 'string');
 const numberAbove =
     (exclusiveMin: number): Check =>
     (v) =>
@@ -58,6 +59,10 @@ const CHECKS: Record<keyof DiceServerSettings, [Check, string]> = {
     automaticTrigger: [(v) => typeof v === 'boolean', 'true or false'],
     validationLevel: [oneOf(VALIDATION_LEVELS), VALIDATION_LEVELS.join(' | ')],
     maxNewTokens: [integerIn(1, 32768), 'an integer from 1 to 32768'],
+    compileCommands: [(v) => typeof v === 'string', 'a path (empty: found beside the file)'],
+    includePaths: [stringList, 'a list of folders'],
+    defines: [stringList, 'a list of NAME or NAME=VALUE'],
+    showFailingSuggestions: [(v) => typeof v === 'boolean', 'true or false'],
 };
 
 export function expandPath(value: string, vars: PathVariables): string {
@@ -89,6 +94,8 @@ export function resolveServerSettings(get: SettingGetter, vars: PathVariables = 
         }
     }
     settings.modelPath = expandPath((settings.modelPath as string).trim(), vars);
+    settings.compileCommands = expandPath((settings.compileCommands as string).trim(), vars);
+    settings.includePaths = (settings.includePaths as string[]).map((p) => expandPath(p, vars));
     return { settings: settings as unknown as DiceServerSettings, problems };
 }
 

@@ -27,6 +27,10 @@ describe('settings: dice.* -> the server settings object', () => {
             automaticTrigger: true,
             validationLevel: 'run',
             maxNewTokens: 256,
+            compileCommands: '',
+            includePaths: [],
+            defines: [],
+            showFailingSuggestions: true,
         });
         assert.deepEqual(problems, []);
     });
