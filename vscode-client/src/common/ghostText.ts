@@ -7,6 +7,8 @@ import type { InlineCompletionItem, InlineCompletionList, Position, TextDocument
 import { deleteTextIfUnchanged, newInlineItem, newRange } from './vscodeapi';
 
 export const REMOVE_MASK_COMMAND = 'dice.removeMaskComment';
+/** The command the server puts on every inline item; its title is the item's verdict label. */
+export const SUGGESTION_ACCEPTED_COMMAND = 'dice.suggestionAccepted';
 
 /** Arguments of REMOVE_MASK_COMMAND: where the comment was and what it said (checked before deleting). */
 export interface RemoveMaskArgs {
@@ -18,7 +20,9 @@ export interface RemoveMaskArgs {
 /** The item to show instead of `item`, or `item` itself when VS Code can draw it as it is. */
 export function asInsertion(item: InlineCompletionItem, document: TextDocument, cursor: Position): InlineCompletionItem {
     const range = item.range;
-    if (!range || range.isEmpty || !range.isSingleLine || typeof item.insertText !== 'string' || item.command) {
+    // the server's own command only carries the verdict label: an item with any other command is left alone
+    const ownCommand = item.command === undefined || item.command.command === SUGGESTION_ACCEPTED_COMMAND;
+    if (!range || range.isEmpty || !range.isSingleLine || typeof item.insertText !== 'string' || !ownCommand) {
         return item;
     }
     const replaced = document.getText(range);
@@ -37,7 +41,7 @@ export function asInsertion(item: InlineCompletionItem, document: TextDocument, 
         text: replaced,
     };
     return newInlineItem(item.insertText, newRange(range.end, range.end), {
-        title: 'DICE: remove the mask comment',
+        title: item.command?.title ?? 'DICE: remove the mask comment',
         command: REMOVE_MASK_COMMAND,
         arguments: [args],
     });
