@@ -12,6 +12,7 @@ import { describeResult, runWithProgress } from './serverCommands';
 import { ServerManager } from './server';
 import { PathVariables, resolveServerLaunch, resolveServerSettings, RESTART_SECTIONS } from './settings';
 import { StatusBar } from './status';
+import { describeAccepted, describeSuggestionStatus, parseSuggestionStatus } from './suggestionStatus';
 import * as api from './vscodeapi';
 
 export interface DiceExtension {
@@ -57,6 +58,13 @@ export function activateDice(context: Pick<ExtensionContext, 'subscriptions'>, c
         executeCommand: api.executeCommand,
         showError: api.showError,
         showInfo: (m) => void api.showInfo(m),
+        onSuggestionAccepted: (accepted, args) => {
+            if (accepted) {
+                log.info(describeAccepted(accepted));
+            } else {
+                log.info(`Accepted a suggestion (${JSON.stringify(args)})`);
+            }
+        },
     };
     const fallbacks = new ServerCommandFallbacks(commandDeps);
 
@@ -105,6 +113,17 @@ export function activateDice(context: Pick<ExtensionContext, 'subscriptions'>, c
                 log.warn(`Ignored a malformed dice/status notification: ${JSON.stringify(payload)}`);
             }
         },
+        onSuggestionStatus: (payload) => {
+            const parsed = parseSuggestionStatus(payload);
+            if (!parsed) {
+                log.warn(`Ignored a malformed dice/suggestionStatus notification: ${JSON.stringify(payload)}`);
+                return;
+            }
+            status.onSuggestionStatus(parsed);
+            if (parsed.message) {
+                log.warn(describeSuggestionStatus(parsed));
+            }
+        },
         beforeStart: () => fallbacks.unregister(),
         afterStop: () => fallbacks.register(),
         onGiveUp: (message) => void offerRecovery(commandDeps, `DICE: ${message}`),
@@ -123,6 +142,11 @@ export function activateDice(context: Pick<ExtensionContext, 'subscriptions'>, c
         { dispose: () => fallbacks.unregister() },
         ...registerClientCommands(commandDeps),
         api.onDidOpenTextDocument(startFor),
+        api.onDidChangeTextDocument((e) => {
+            if (e.contentChanges.length > 0) {
+                status.clearSuggestion(e.document.uri.toString());
+            }
+        }),
         api.onDidChangeConfiguration((e) => {
             if (!e.affectsConfiguration(CONFIG_SECTION)) {
                 return;

@@ -18,6 +18,7 @@ import type { WorkDoneProgressBegin, WorkDoneProgressEnd, WorkDoneProgressReport
 import { DOCUMENT_SELECTOR } from './documents';
 import { CONFIG_SECTION, DiceServerSettings, DiceStatusNotification } from './protocol';
 import { ServerLaunch } from './settings';
+import { SuggestionStatusNotification } from './suggestionStatus';
 
 export type WorkDoneValue = WorkDoneProgressBegin | WorkDoneProgressReport | WorkDoneProgressEnd;
 
@@ -41,6 +42,8 @@ export interface HandleOptions {
     /** The server went away without being asked to: the owner decides about restarting. */
     onUnexpectedClose(): void;
     onStatus(payload: unknown): void;
+    /** A raw `dice/suggestionStatus` payload (validated by the receiver). */
+    onSuggestionStatus(payload: unknown): void;
     onRunning(): void;
 }
 
@@ -69,6 +72,7 @@ export const createLanguageClientHandle: HandleFactory = (options) => {
         clientOptions,
     );
     client.onNotification(DiceStatusNotification, (payload) => options.onStatus(payload));
+    client.onNotification(SuggestionStatusNotification, (payload) => options.onSuggestionStatus(payload));
     client.onDidChangeState((e) => {
         if (e.newState === State.Running) {
             options.onRunning();

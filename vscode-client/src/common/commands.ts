@@ -5,6 +5,7 @@
 import { removeMaskComment, REMOVE_MASK_COMMAND, RemoveMaskArgs } from './ghostText';
 import { ClientCommands, ServerCommands } from './protocol';
 import type { ClientPhase } from './status';
+import { parseAccepted, SUGGESTION_ACCEPTED_COMMAND, SuggestionAccepted } from './suggestionStatus';
 import { Disposable, registerCommand } from './vscodeapi';
 
 export interface ServerControl {
@@ -21,6 +22,8 @@ export interface CommandDeps {
     executeCommand(command: string, ...args: unknown[]): Thenable<unknown>;
     showError(message: string, ...actions: string[]): Thenable<string | undefined>;
     showInfo(message: string): void;
+    /** An inline item was accepted (its `dice.suggestionAccepted` command ran); undefined: malformed args. */
+    onSuggestionAccepted?(accepted: SuggestionAccepted | undefined, args: unknown[]): void;
 }
 
 export function registerClientCommands(deps: CommandDeps): Disposable[] {
@@ -29,6 +32,11 @@ export function registerClientCommands(deps: CommandDeps): Disposable[] {
         registerCommand(ClientCommands.showLog, () => deps.showLog()),
         // Internal (not in the palette): runs after a mask fill is accepted as ghost text.
         registerCommand(REMOVE_MASK_COMMAND, (args) => removeMaskComment(args as RemoveMaskArgs)),
+        // Internal: every inline item from the server carries it (title = the verdict label); accepting an
+        // item runs it, so it must exist. It only reports the label.
+        registerCommand(SUGGESTION_ACCEPTED_COMMAND, (...args: unknown[]) => {
+            deps.onSuggestionAccepted?.(parseAccepted(args), args);
+        }),
         registerCommand(ClientCommands.toggleAutomaticSuggestions, async () => {
             const on = await deps.toggleAutomatic();
             deps.showInfo(

@@ -17,6 +17,7 @@ export interface ServerManagerDeps {
     log: LogOutputChannel;
     onPhase(phase: ClientPhase): void;
     onStatus(payload: unknown): void;
+    onSuggestionStatus?(payload: unknown): void;
     /** Called before a process starts and after one is gone (palette fallbacks hang off these). */
     beforeStart?(): void;
     afterStop?(): void;
@@ -131,6 +132,11 @@ export class ServerManager {
             onStatus: (payload) => {
                 if (this.handle === handle) {
                     this.deps.onStatus(payload);
+                }
+            },
+            onSuggestionStatus: (payload) => {
+                if (this.handle === handle) {
+                    this.deps.onSuggestionStatus?.(payload);
                 }
             },
             onRunning: () => {

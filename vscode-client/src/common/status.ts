@@ -1,7 +1,10 @@
-// The status bar item: what the server says over `dice/status`, plus the client's own view of it.
+// The status bar item: what the server says over `dice/status`, plus the client's own view of it, plus
+// why the last inline request gave nothing usable (`dice/suggestionStatus` with a message), shown in the
+// warning colour until the next suggestion status or an edit of that document.
 
 import type { StatusBarItem } from 'vscode';
 import { ClientCommands, DICE_STATES, DiceStatus } from './protocol';
+import { shorten, SuggestionStatus } from './suggestionStatus';
 import { createStatusBarItem, themeColor } from './vscodeapi';
 
 /** The language client's lifecycle as this extension sees it. */
@@ -13,10 +16,17 @@ export interface StatusView {
     severity: 'normal' | 'warning' | 'error';
 }
 
+/** Why the last inline request in `uri` gave nothing usable. */
+export interface SuggestionNote {
+    uri: string;
+    message: string;
+}
+
 export interface StatusInput {
     phase: ClientPhase;
     status: DiceStatus | undefined;
     automatic: boolean;
+    suggestion?: SuggestionNote;
 }
 
 /** Validates a `dice/status` payload from the wire; undefined when it does not follow the contract. */
@@ -57,6 +67,9 @@ function headline(input: StatusInput): Pick<StatusView, 'text' | 'severity'> {
         case 'error':
             return { text: '$(error) DICE: error', severity: 'error' };
         case 'ready':
+            if (input.suggestion) {
+                return { text: `$(warning) DICE: ${shorten(input.suggestion.message)}`, severity: 'warning' };
+            }
             return { text: `$(check) DICE ${model}${status.device ? ` · ${status.device}` : ''}`, severity: 'normal' };
     }
 }
@@ -75,6 +88,9 @@ export function renderStatus(input: StatusInput): StatusView {
         }
         if (s.message) {
             lines.push(s.message);
+        }
+        if (input.suggestion) {
+            lines.push(`Last suggestion: ${input.suggestion.message}`);
         }
     } else {
         lines.push(`Server: ${input.phase}`);
@@ -103,7 +119,8 @@ export class StatusBar {
     setPhase(phase: ClientPhase): void {
         // A new process has not said anything yet: forget what the old one said.
         const status = phase === 'running' || phase === 'failed' ? this.input.status : undefined;
-        this.update({ phase, status });
+        const suggestion = phase === 'running' ? this.input.suggestion : undefined;
+        this.update({ phase, status, suggestion });
     }
 
     /** Applies a raw `dice/status` payload; malformed payloads are ignored and reported as false. */
@@ -113,6 +130,18 @@ export class StatusBar {
             this.update({ status });
         }
         return status !== undefined;
+    }
+
+    /** Applies a validated `dice/suggestionStatus`: its message replaces the last one; none clears it. */
+    onSuggestionStatus(status: SuggestionStatus): void {
+        this.update({ suggestion: status.message ? { uri: status.uri, message: status.message } : undefined });
+    }
+
+    /** An edit of `uri` (any document when undefined) makes the last suggestion's message out of date. */
+    clearSuggestion(uri?: string): void {
+        if (this.input.suggestion && (uri === undefined || uri === this.input.suggestion.uri)) {
+            this.update({ suggestion: undefined });
+        }
     }
 
     setAutomatic(automatic: boolean): void {

@@ -35,6 +35,10 @@ export function onDidOpenTextDocument(listener: (d: vscode.TextDocument) => unkn
     return vscode.workspace.onDidOpenTextDocument(listener);
 }
 
+export function onDidChangeTextDocument(listener: (e: vscode.TextDocumentChangeEvent) => unknown): vscode.Disposable {
+    return vscode.workspace.onDidChangeTextDocument(listener);
+}
+
 export function openTextDocuments(): readonly vscode.TextDocument[] {
     return vscode.workspace.textDocuments;
 }

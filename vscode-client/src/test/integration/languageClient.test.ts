@@ -139,6 +139,14 @@ describe('integration: the extension with the real LanguageClient and dice-lsp',
         assert.ok(items[0] instanceof InlineCompletionItem);
         assert.equal(typeof items[0].insertText, 'string');
         assert.deepEqual(plainRange(items[0].range!), MASK_RANGE);
+        // every item carries the server's label command; accepting it (VS Code runs it) only logs the label
+        const command = items[0].command as { title: string; command: string; arguments: unknown[] };
+        assert.equal(command.command, 'dice.suggestionAccepted');
+        await commands.executeCommand(command.command, ...command.arguments);
+        assert.ok(log().includes(`Accepted a suggestion in scale.cu: ${command.title}`), log());
+        // dice/suggestionStatus reached the extension in the contract's shape; a usable item: no warning
+        assert.doesNotMatch(log(), /malformed dice\/suggestionStatus/);
+        assert.match(statusText(), /^\$\(check\)/);
     });
 
     it('turns the fill at a mask into ghost text VS Code can draw, and cleans up after acceptance', async () => {
@@ -150,12 +158,16 @@ describe('integration: the extension with the real LanguageClient and dice-lsp',
         const items: InlineCompletionItem[] = Array.isArray(result) ? result : (result?.items ?? []);
         assert.ok(items.length >= 1, `no suggestion\n${log()}`);
         assert.deepEqual(plainRange(items[0].range!), { start: end, end }, 'an insertion right after the mask');
-        const command = items[0].command as { command: string; arguments: unknown[] };
+        const command = items[0].command as { title: string; command: string; arguments: unknown[] };
         assert.equal(command.command, 'dice.removeMaskComment');
+        assert.notEqual(command.title, 'DICE: remove the mask comment', "the item's verdict label is kept");
         const applied = stub.appliedEdits.length;
+        const acceptances = (): number => log().split('Accepted a suggestion').length - 1;
+        const acceptedBefore = acceptances();
         assert.equal(await commands.executeCommand(command.command, ...command.arguments), true);
         const [[, edits]] = (stub.appliedEdits[applied] as WorkspaceEdit).entries();
         assert.deepEqual(edits.map((e) => [plainRange(e.range), e.newText]), [[MASK_RANGE, '']]);
+        assert.equal(acceptances(), acceptedBefore + 1, "then the item's own label command ran");
     });
 
     it('runs "Fill mask at cursor" from the palette with progress and applies the edit', async () => {

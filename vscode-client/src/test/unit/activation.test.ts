@@ -2,13 +2,14 @@ import * as assert from 'assert/strict';
 import * as fs from 'fs';
 import * as path from 'path';
 import { activateDice, DiceExtension } from '../../common/activation';
-import { ConfigurationTarget, makeDocument, stub } from '../stub/vscode';
+import { ConfigurationTarget, makeDocument, stub, ThemeColor } from '../stub/vscode';
 import { FakeWorld, settle } from './fakes';
 
 const packageJson = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', '..', 'package.json'), 'utf8'));
 const contributed: string[] = packageJson.contributes.commands.map((c: { command: string }) => c.command);
-// Registered but not in the palette: runs after a mask fill is accepted (ghostText.ts).
-const registered = [...contributed, 'dice.removeMaskComment'].sort();
+// Registered but not in the palette: runs after a mask fill is accepted (ghostText.ts), and the command
+// every inline item carries (its verdict label).
+const registered = [...new Set([...contributed, 'dice.removeMaskComment', 'dice.suggestionAccepted'])].sort();
 
 const CU = makeDocument('/k/softmax.cu', 'cuda-cpp', '__global__ void f(float* x) {\n    /* <MASK> */\n}\n');
 const REFERENCE = makeDocument(
@@ -127,6 +128,47 @@ describe('activation: command wiring and life cycle', () => {
         assert.equal(item().text, '$(beaker) DICE: validating');
         world.last.options.onStatus({ nonsense: true });
         assert.ok(log().lines.some((l) => l.includes('malformed dice/status')));
+    });
+
+    it('answers dice.suggestionAccepted (accepting an item never errors) by logging its label', async () => {
+        stub.textDocuments = [CU];
+        activate();
+        await settle();
+        await stub.commands.get('dice.suggestionAccepted')!({ uri: 'file:///k/softmax.cu', label: 'compiled ✓ · not run', usable: true });
+        assert.ok(log().lines.includes('[info] Accepted a suggestion in softmax.cu: compiled ✓ · not run'), log().lines.join('\n'));
+        await stub.commands.get('dice.suggestionAccepted')!({ uri: 'file:///k/softmax.cu', label: 'compiled ✗ · k.cu(40): error', usable: false });
+        assert.match(log().lines.at(-1)!, /compiled ✗ · k\.cu\(40\): error \(it failed validation\)$/);
+        await stub.commands.get('dice.suggestionAccepted')!();
+        assert.match(log().lines.at(-1)!, /^\[info\] Accepted a suggestion/);
+        assert.deepEqual(stub.messages, []);
+    });
+
+    it('shows why no suggestion was usable in the status bar until an edit, and logs it', async () => {
+        stub.textDocuments = [CU];
+        activate();
+        await settle();
+        world.last.options.onStatus({ state: 'ready', model: 'dice-tiny', device: 'cpu', message: null });
+        const message = '3 candidates, none compiled: softmax.cu(2): error: expected an expression';
+        world.last.options.onSuggestionStatus({
+            uri: 'file:///k/softmax.cu',
+            position: { line: 1, character: 4 },
+            candidates: 3,
+            usable: 0,
+            shown: 1,
+            message,
+        });
+        assert.match(item().text, /^\$\(warning\) DICE: 3 candidates, none compiled/);
+        assert.equal((item().backgroundColor as ThemeColor).id, 'statusBarItem.warningBackground');
+        assert.ok(log().lines.includes(`[warning] No usable suggestion at softmax.cu:2:5: ${message}`), log().lines.join('\n'));
+        assert.deepEqual(stub.messages, [], 'no pop-up: the status bar says it');
+
+        stub.documentChanged.fire({ document: CU, contentChanges: [] }); // a dirty-state change only
+        assert.match(item().text, /^\$\(warning\)/);
+        stub.documentChanged.fire({ document: CU, contentChanges: [{ text: 'x' }] });
+        assert.equal(item().text, '$(check) DICE dice-tiny · cpu');
+
+        world.last.options.onSuggestionStatus({ uri: 'file:///k/softmax.cu' });
+        assert.ok(log().lines.some((l) => l.includes('malformed dice/suggestionStatus')));
     });
 
     it('sends changed settings live and restarts only for server settings', async () => {

@@ -32,6 +32,7 @@ function setup(options: { maxCrashes?: number } = {}) {
     const timers = new ManualTimers();
     const phases: ClientPhase[] = [];
     const statuses: unknown[] = [];
+    const suggestionStatuses: unknown[] = [];
     const gaveUp: string[] = [];
     let afterStops = 0;
     let beforeStarts = 0;
@@ -44,6 +45,7 @@ function setup(options: { maxCrashes?: number } = {}) {
         log,
         onPhase: (p) => phases.push(p),
         onStatus: (s) => statuses.push(s),
+        onSuggestionStatus: (s) => suggestionStatuses.push(s),
         beforeStart: () => (beforeStarts += 1),
         afterStop: () => (afterStops += 1),
         onGiveUp: (m) => gaveUp.push(m),
@@ -51,7 +53,7 @@ function setup(options: { maxCrashes?: number } = {}) {
         now: () => 0,
         setTimer: timers.set,
     });
-    return { world, timers, phases, statuses, gaveUp, manager, counts: () => ({ afterStops, beforeStarts }) };
+    return { world, timers, phases, statuses, suggestionStatuses, gaveUp, manager, counts: () => ({ afterStops, beforeStarts }) };
 }
 
 describe('ServerManager', () => {
@@ -74,6 +76,16 @@ describe('ServerManager', () => {
         first.options.onStatus({ state: 'ready' });
         world.last.options.onStatus({ state: 'busy' });
         assert.deepEqual(statuses, [{ state: 'busy' }]);
+    });
+
+    it('forwards dice/suggestionStatus only from the current process', async () => {
+        const { world, manager, suggestionStatuses } = setup();
+        await manager.ensureStarted();
+        const first = world.last;
+        await manager.restart(true);
+        first.options.onSuggestionStatus({ uri: 'file:///old.cu' });
+        world.last.options.onSuggestionStatus({ uri: 'file:///new.cu' });
+        assert.deepEqual(suggestionStatuses, [{ uri: 'file:///new.cu' }]);
     });
 
     it('restarts a crashed server after the backoff delay', async () => {

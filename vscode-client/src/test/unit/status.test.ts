@@ -47,6 +47,27 @@ describe('status: dice/status payloads', () => {
     });
 });
 
+describe('status: why the last suggestion was not usable', () => {
+    const note = { uri: 'file:///k/a.cu', message: '3 candidates, none compiled: a.cu(40): error: expected an expression' };
+
+    it('shows the message in the warning colour while the server is ready, with the full text in the tooltip', () => {
+        const view = renderStatus({ phase: 'running', status: ready, automatic: true, suggestion: note });
+        assert.equal(view.severity, 'warning');
+        assert.match(view.text, /^\$\(warning\) DICE: 3 candidates, none compiled: a\.cu\(40\): error: expected an e…$/);
+        assert.match(view.tooltip, /Last suggestion: 3 candidates, none compiled: a\.cu\(40\): error: expected an expression/);
+        const manual = renderStatus({ phase: 'running', status: ready, automatic: false, suggestion: note });
+        assert.match(manual.text, /^\$\(warning\).*\$\(eye-closed\)$/);
+    });
+
+    it('lets work in progress and failures show first', () => {
+        const busy = renderStatus({ phase: 'running', status: { ...ready, state: 'busy' }, automatic: true, suggestion: note });
+        assert.equal(busy.text, '$(sync~spin) DICE: generating');
+        const error = renderStatus({ phase: 'running', status: { ...ready, state: 'error' }, automatic: true, suggestion: note });
+        assert.equal(error.severity, 'error');
+        assert.equal(renderStatus({ phase: 'stopped', status: ready, automatic: true, suggestion: note }).text, '$(debug-disconnect) DICE: stopped');
+    });
+});
+
 describe('StatusBar', () => {
     beforeEach(() => stub.reset());
 
@@ -76,5 +97,32 @@ describe('StatusBar', () => {
         assert.equal(bar.view.status, undefined, 'a new process starts without the old status');
         bar.dispose();
         assert.equal(item.disposed, true);
+    });
+
+    it('shows a suggestion status message until the next status or an edit of that document', () => {
+        const bar = new StatusBar(true);
+        const item = stub.statusItems[0];
+        bar.setPhase('running');
+        bar.onStatus(ready);
+        const status = { uri: 'file:///k/a.cu', position: { line: 39, character: 4 }, candidates: 3, usable: 0, shown: 1 };
+        bar.onSuggestionStatus({ ...status, message: '3 candidates, none compiled: a.cu(40): error' });
+        assert.equal(item.text, '$(warning) DICE: 3 candidates, none compiled: a.cu(40): error');
+        assert.equal((item.backgroundColor as ThemeColor).id, 'statusBarItem.warningBackground');
+        bar.onSuggestionStatus({ ...status, usable: 2, message: null });
+        assert.equal(item.text, '$(check) DICE dice-tiny · cpu', 'a usable suggestion clears it');
+        assert.equal(item.backgroundColor, undefined);
+
+        bar.onSuggestionStatus({ ...status, message: 'no suggestion: every fill the model gave was blank' });
+        bar.clearSuggestion('file:///k/other.cu');
+        assert.match(item.text, /blank/, 'an edit elsewhere keeps it');
+        bar.clearSuggestion('file:///k/a.cu');
+        assert.equal(item.text, '$(check) DICE dice-tiny · cpu');
+
+        bar.onSuggestionStatus({ ...status, message: 'none compiled' });
+        bar.setPhase('starting');
+        bar.setPhase('running');
+        bar.onStatus(ready);
+        assert.equal(item.text, '$(check) DICE dice-tiny · cpu', 'a new process starts without it');
+        bar.dispose();
     });
 });
