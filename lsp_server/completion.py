@@ -10,8 +10,17 @@ from lsprotocol import types
 from dice.assistant import AssistantService
 from dice.assistant.rules import usable
 from dice.assistant.types import Candidate, DocumentCompletion
+from dice.validator.verdict import verdict_label
 from lsp_server.documents import DocumentSnapshot, current_version, open_snapshot
-from lsp_server.inline import InlinePlan, Shown, Ticket, completion_items, plan_inline, suggestion_status
+from lsp_server.inline import (
+    ACCEPTED_COMMAND,
+    InlinePlan,
+    Shown,
+    Ticket,
+    completion_items,
+    plan_inline,
+    suggestion_status,
+)
 from lsp_server.session import DiceSession, Offer, ServiceUnavailable
 
 logger = logging.getLogger(__name__)
@@ -177,7 +186,15 @@ def _typed_through(
     session.remember_offer(uri, Offer(shown.start_byte, [typed + r for r in rests], verdicts))
     logger.info("inline %s: typed %d characters of the shown suggestion, serving the rest", uri, len(typed))
     here = types.Range(start=position, end=position)
-    return [types.InlineCompletionItem(insert_text=r, range=here) for r in rests]
+    level = session.settings.validation.level
+    items: list[types.InlineCompletionItem] = []
+    for rest, verdict in zip(rests, verdicts, strict=True):
+        ok = usable(verdict, level)
+        label = verdict_label(verdict)
+        arguments = [{"uri": uri, "label": label, "usable": ok}]
+        command = types.Command(title=label, command=ACCEPTED_COMMAND, arguments=arguments)
+        items.append(types.InlineCompletionItem(insert_text=rest, range=here, command=command))
+    return items
 
 
 def _mask_candidates(result: DocumentCompletion, mask_index: int | None) -> list[Candidate]:

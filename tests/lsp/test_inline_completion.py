@@ -249,6 +249,7 @@ async def test_typing_the_start_of_a_suggestion_keeps_the_rest(
     )
     assert rest.insert_text == suggestion[1:]
     assert rest.range == types.Range(start=after, end=after)
+    assert rest.command.title == shown.command.title  # the label stays with the suggestion
     typed_stats = await server_stats(client)
     assert typed_stats["typed_through"] == before["typed_through"] + 1
     assert typed_stats["engine_calls"] == before["engine_calls"]  # no model call
