@@ -59,7 +59,10 @@ CUDA_SUFFIXES = frozenset(
 
 
 def require_cuda_source(path: Path) -> None:
-    """CliError for a file that is not CUDA/C++ source (a Markdown file's ``<MASK>`` is not a hole)."""
+    """CliError for a file that is not CUDA/C++ source (a Markdown file's ``<MASK>`` is not a hole); a
+    missing path or a folder gets the reader's own message first."""
+    if not path.exists() or path.is_dir():
+        read_text_file(path)
     if path.suffix.lower() not in CUDA_SUFFIXES:
         known = ", ".join(sorted(CUDA_SUFFIXES))
         raise CliError(f"{path}: not a CUDA or C++ source file (expected one of {known})")

@@ -35,6 +35,8 @@ DEVICE_HEADERS = frozenset(
         "sm_61_intrinsics.h",
         "cuda_texture_types.h",
         "cuda_surface_types.h",
+        "cuComplex.h",
+        "library_types.h",
     }
 )
 DEVICE_HEADER_PREFIXES = ("cooperative_groups/", "cuda/", "cub/", "cute/", "cutlass/", "nv/", "crt/")
@@ -106,6 +108,17 @@ GLOBAL_INT_TYPES = (
     "using cuda::std::uint32_t; using cuda::std::uint64_t; using cuda::std::intptr_t; "
     "using cuda::std::uintptr_t;"
 )
+
+# Typedefs of <sys/types.h>, which nvcc's host headers make visible and NVRTC does not have.
+HOST_TYPEDEFS = {
+    "uint": "typedef unsigned int uint;",
+    "ushort": "typedef unsigned short ushort;",
+    "ulong": "typedef unsigned long ulong;",
+    "u_char": "typedef unsigned char u_char;",
+    "u_short": "typedef unsigned short u_short;",
+    "u_int": "typedef unsigned int u_int;",
+    "u_long": "typedef unsigned long u_long;",
+}
 
 # What makes a standard header needed by the device code (besides any use of namespace std).
 _INT_TYPES = frozenset(
@@ -244,6 +257,12 @@ TRIGGER_WORDS = (
     b"_MIN",
     b"CHAR_BIT",
     b"M_",
+    b"uint",
+    b"ushort",
+    b"ulong",
+    b"u_char",
+    b"u_short",
+    b"u_long",
 )
 
 

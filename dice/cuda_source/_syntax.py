@@ -73,9 +73,19 @@ def node_text(data: bytes, node: tree_sitter.Node) -> str:
 
 @dataclass
 class Scopes:
-    functions: list[tuple[tree_sitter.Node, tree_sitter.Node]] = field(default_factory=list)  # (fn, outer)
-    errors: list[tree_sitter.Node] = field(default_factory=list)
+    """``functions``: (definition, outermost template_declaration around it or the definition itself,
+    generic); ``errors``: (ERROR node, generic). ``generic``: inside a template with parameters (a function
+    template, or a class template's body), so the code is compiled only when instantiated."""
+
+    functions: list[tuple[tree_sitter.Node, tree_sitter.Node, bool]] = field(default_factory=list)
+    errors: list[tuple[tree_sitter.Node, bool]] = field(default_factory=list)
     macros: list[tree_sitter.Node] = field(default_factory=list)  # preproc_def nodes
+
+
+def has_template_parameters(template: tree_sitter.Node) -> bool:
+    """``template <typename T>`` has parameters; an explicit specialisation's ``template <>`` has none."""
+    parameters = template.child_by_field_name("parameters")
+    return parameters is not None and parameters.named_child_count > 0
 
 
 def scan_scopes(root: tree_sitter.Node) -> Scopes:
@@ -85,21 +95,21 @@ def scan_scopes(root: tree_sitter.Node) -> Scopes:
     top-level item, and stays fast on pathological nesting where tree-sitter queries go quadratic.
     """
     found = Scopes()
-    stack: list[tuple[tree_sitter.Node, tree_sitter.Node | None]] = [(root, None)]
+    stack: list[tuple[tree_sitter.Node, tree_sitter.Node | None, bool]] = [(root, None, False)]
     while stack:
-        node, template = stack.pop()
+        node, template, generic = stack.pop()
         if node.type == "ERROR":
-            found.errors.append(node)
+            found.errors.append((node, generic))
         for child in node.children:
             kind = child.type
             if kind == "function_definition":
-                found.functions.append((child, template or child))
+                found.functions.append((child, template or child, generic))
             elif kind == "template_declaration":
-                stack.append((child, template or child))
+                stack.append((child, template or child, generic or has_template_parameters(child)))
             elif kind == "preproc_def":
                 found.macros.append(child)
             elif kind in _SCOPE_TYPES:
-                stack.append((child, None))
+                stack.append((child, None, generic))
     return found
 
 

@@ -5,17 +5,28 @@ NVRTC compiles device code only: a function without ``__device__``/``__global__`
 ``<torch/extension.h>``). So the extractor walks the namespace-scope items of the tree-sitter tree and
 
 - keeps kernels, ``__device__`` (and ``__host__ __device__``) functions and prototypes, macros, typedefs,
-  ``using`` aliases, structs/classes/enums, templates of these, ``__constant__``/``__device__``/
-  ``__managed__`` variables, ``const``/``constexpr`` constants of plain types, comments, and everything inside
+  ``using`` aliases, structs/classes/enums, templates of these and their explicit instantiations and
+  specialisations, ``__constant__``/``__device__``/``__managed__`` variables, ``const``/``constexpr``
+  constants of plain types (not pointers or references), comments, and everything inside
   ``#if``/``namespace``/``extern "C"`` blocks by the same rules;
 - drops host functions (``main``, launchers with ``<<<>>>``, anything calling ``cudaMalloc``), host
-  prototypes and host variables; ``constexpr`` host functions are kept as ``__host__ __device__`` instead,
-  because kernels use them in constant expressions (``cdiv``);
-- keeps includes NVRTC resolves (CUDA device headers, quoted user headers) and drops the others
-  (``<cuda_runtime.h>`` is implicit in NVRTC; ``<vector>``, ``<torch/extension.h>``... are host-only);
+  prototypes, host variables (``const char* names[]`` included), classes holding host data (``std::vector``,
+  ``cublasHandle_t``, a ``std::exception`` base), and the explicit instantiations and specialisations of the
+  templates it dropped; ``constexpr`` host functions are kept as ``__host__ __device__`` instead, because
+  kernels use them in constant expressions (``cdiv``);
+- reads through unexpanded macros: attribute macros left as an ERROR before a dropped prototype go with it,
+  a qualifier or launch-bounds macro that tree-sitter splits from its function (``__global__ LB(256)``)
+  decides with it, a macro call wrapping a host prototype (``DEPRECATED(int f(void), "msg");``) goes, and
+  the decisions are made on a parse where namespace macros, ``extern "C" {`` inside ``#ifdef
+  __cplusplus``, class-head attribute macros and lambda qualifier macros are blanked (the output keeps
+  them);
+- keeps includes NVRTC resolves (CUDA device headers, quoted user headers, ``<...>`` project headers the
+  caller names) and drops the others (``<cuda_runtime.h>`` is implicit in NVRTC; ``<vector>``,
+  ``<torch/extension.h>``... are host-only);
 - gives C/C++ standard names the kept code uses their libcu++ twin: ``INFINITY`` -> ``<cuda/std/cmath>``,
   ``int64_t`` -> ``<cuda/std/cstdint>``, ``FLT_MAX`` -> ``<cuda/std/cfloat>``, ``std::`` -> ``namespace std``
-  aliased to ``cuda::std`` (plus CUDA's global ``max``/``min``), ``M_PI`` -> a ``#define``. This happens
+  aliased to ``cuda::std`` (plus CUDA's global ``max``/``min``), ``M_PI`` -> a ``#define``, ``uint``/
+  ``ushort``/``ulong`` (``<sys/types.h>``) -> a ``typedef`` unless the file defines them. This happens
   whether the file included the header or relied on nvcc/torch making it visible, and only for names the
   device code uses: ``#include <cmath>`` for host code costs nothing. The twins need libcu++ on the
   include path (CuPy ships it in ``cupy/_core/include/cupy/_cccl/libcudacxx``).
@@ -27,34 +38,30 @@ stood (or at the top). ``line_map[i]`` is the 0-based original line of output li
 
 from __future__ import annotations
 
-import bisect
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import tree_sitter
 
-from dice.cuda_source._headers import (
-    BY_USAGE,
-    DEVICE_HEADER_PREFIXES,
-    DEVICE_HEADERS,
-    GLOBAL_INT_TYPES,
-    LIBCUXX_TWINS,
-    MATH_MACROS,
-    STD_ALIAS,
-    STD_MINMAX,
-    TRIGGER_WORDS,
-    twins_needed,
+from dice.cuda_source._edits import Edit, apply_edits
+from dice.cuda_source._includes import Includes
+from dice.cuda_source._preprocessor import (
+    brace_only_conditionals,
+    group_end,
+    namespace_macro_uses,
+    scan_directives,
 )
 from dice.cuda_source._syntax import (
-    LANGUAGE,
     function_declarator,
+    has_template_parameters,
     kind_from_specifiers,
     node_text,
     parse_bytes,
     qualifier_macros,
     scan_scopes,
 )
-from dice.cuda_source.positions import _LINE_BREAK, PositionIndex, decode_bytes, encode_text
+from dice.cuda_source.positions import encode_text
 
 
 @dataclass(frozen=True)
@@ -74,18 +81,6 @@ class DeviceCode:
             return self.line_map[source_line]
         return None
 
-
-_NAME_QUERY = tree_sitter.Query(
-    LANGUAGE, "[(identifier) (type_identifier) (namespace_identifier) (primitive_type)] @name"
-)
-_MACRO_QUERY = tree_sitter.Query(
-    LANGUAGE,
-    """
-[(preproc_def name: (identifier) @name value: (preproc_arg)? @body)
- (preproc_function_def name: (identifier) @name value: (preproc_arg)? @body)]""",
-)
-# Splits the raw text of a macro body (which tree-sitter does not parse) into identifier-like words.
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _DEVICE_VARIABLE_QUALIFIERS = frozenset({"__constant__", "__device__", "__shared__", "__managed__"})
 _HOST_NAMESPACES = frozenset({"std", "torch", "at", "c10", "pybind11", "py", "thrust", "chrono"})
@@ -115,57 +110,95 @@ _HOST_STD_TYPES = frozenset(
         "basic_string",
     }
 )
+_HOST_STD_BASES = _HOST_STD_TYPES | {
+    "exception",
+    "runtime_error",
+    "logic_error",
+    "invalid_argument",
+    "out_of_range",
+    "bad_alloc",
+    "enable_shared_from_this",
+}
+# Handles and descriptors of host libraries (`cublasHandle_t`, `cublasLtMatmulAlgo_t`): data that never
+# reaches the GPU.
+_HOST_LIBRARY_PREFIXES = ("cublas", "cusparse", "cusolver", "cufft", "cudnn", "nccl", "cutensor", "nvjpeg")
 _CLASS_TYPES = ("struct_specifier", "class_specifier", "union_specifier")
+_CLASS_HEAD_MACRO = re.compile(
+    rb"\b(?:struct|class|union)[ \t]+((?:[A-Z][A-Z0-9_]+|__\w+__)[ \t]*\([^()\r\n]*\))"
+    rb"[ \t]+(?=[A-Za-z_]\w*[ \t\r\n]*[:{])"
+)
+# `[=] MGPU_DEVICE(int i) {...}`: a qualifier macro after a lambda's capture.
+_LAMBDA_MACRO = re.compile(rb"\][ \t]*([A-Z][A-Z0-9_]+)[ \t]*(?=\()")
+# An ERROR node of attribute macros right before a dropped item goes with it when it is small and holds no
+# statement or block of its own.
+_PREFIX_LIMIT = 400
+_PREFIX_STOPS = frozenset({";", "{", "}"})
 _CONTAINERS = frozenset({"preproc_if", "preproc_ifdef", "preproc_else", "preproc_elif", "preproc_elifdef"})
 _PLAIN_TYPES = frozenset(
     {"primitive_type", "sized_type_specifier", "type_identifier", "placeholder_type_specifier"}
 )
 
 
-def extract_device_code(text: str) -> DeviceCode:
-    """Device code of ``text`` for NVRTC (see the module docstring for what is kept)."""
+def extract_device_code(text: str, *, project_headers: Collection[str] = ()) -> DeviceCode:
+    """Device code of ``text`` for NVRTC (see the module docstring for what is kept). ``project_headers``:
+    ``<...>`` includes that name the project's own headers (the caller found them on its ``-I`` path, e.g.
+    ``moderngpu/transform.hxx``); they stay, as quoted includes do."""
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text).decode("utf-8", "replace")
     data = encode_text(text)
-    root = parse_bytes(data).root_node
-    extractor = _Extractor(data, qualifier_macros(scan_scopes(root).macros, data))
+    root = parse_bytes(_decision_text(data)).root_node
+    extractor = _Extractor(data, qualifier_macros(scan_scopes(root).macros, data), project_headers)
     extractor.run(root)
-    extractor.finish(root)
-    source, line_map = _apply(data, sorted(extractor.edits, key=lambda e: (e[0], e[1])))
+    extractor.includes.finish(root, extractor.edits)
+    # Outer edits first where two start together: the outer one wins.
+    source, line_map = apply_edits(data, sorted(extractor.edits, key=lambda e: (e[0], -e[1])))
     return DeviceCode(
         source=source,
         line_map=line_map,
         has_host_code=extractor.has_host_code,
-        dropped_includes=tuple(extractor.dropped_includes),
+        dropped_includes=tuple(extractor.includes.dropped),
     )
 
 
 class _Extractor:
-    def __init__(self, data: bytes, macros: dict[str, frozenset[str]]) -> None:
+    def __init__(
+        self, data: bytes, macros: dict[str, frozenset[str]], project_headers: Collection[str] = ()
+    ) -> None:
         self.data = data
         self.macros = macros
-        # (start, end, replacement) over the original bytes; non-overlapping.
-        self.edits: list[tuple[int, int, bytes]] = []
+        # (start, end, replacement) over the original bytes; an edit inside an earlier one is skipped.
+        self.edits: list[Edit] = []
         self.has_host_code = False
-        self.dropped_includes: list[str] = []
-        self._twins: list[tuple[int, int, str, str]] = []
-        self._include_drops: list[tuple[int, int, bytes]] = []
+        self.includes = Includes(data, project_headers)
+        # Templates by name, and the explicit instantiations/specialisations that depend on them.
+        self._dropped_templates: set[str] = set()
+        self._kept_templates: set[str] = set()
+        self._dependents: list[tuple[tree_sitter.Node, str]] = []
 
     def run(self, root: tree_sitter.Node) -> None:
         # An explicit stack, not recursion: `#if` blocks nest as deep as the user likes.
         stack = list(root.children)
         while stack:
             stack.extend(self.visit(stack.pop()))
+        # Instantiations and specialisations of a template that went (a host template) go too: NVRTC
+        # would say "f is not a template". Those of kept templates, or of templates from a header, stay.
+        for node, name in self._dependents:
+            if name in self._dropped_templates and name not in self._kept_templates:
+                self._drop(node)
 
     def visit(self, node: tree_sitter.Node) -> list[tree_sitter.Node]:
         """Decide about one namespace-scope item; returns the items nested in it to visit next."""
         kind = node.type
         if kind == "preproc_include":
-            self._include(node)
+            self.includes.visit(node, self.edits)
         elif kind == "function_definition":
             self._function(node, node)
         elif kind == "template_declaration":
             self._template(node)
+        elif kind == "template_instantiation":
+            name = _instantiated_name(node, self.data)
+            if name:
+                self._dependents.append((node, name))
         elif kind == "declaration":
             if not self._class(node.child_by_field_name("type"), node):
                 self._declaration(node, node)
@@ -181,6 +214,16 @@ class _Extractor:
             if body is not None and body.type == "declaration_list":
                 return body.named_children
             return [body] if body is not None else []
+        elif kind == "ERROR":
+            self._wrapped_declaration(node)
+            if not any(child.type == "{" for child in node.children):
+                # Prototypes an unexpanded macro pulled into an ERROR (`GGML_API int f(void)`); only those:
+                # anything else in an ERROR may be code the user is typing.
+                for child in node.named_children:
+                    if child.type in ("declaration", "parameter_declaration") and _function_name(
+                        child, self.data
+                    ):
+                        self._declaration(child, child)
         elif kind == "using_declaration":
             words = node_text(self.data, node).replace(";", " ").replace("::", " ").split()
             if len(words) >= 3 and words[1] == "namespace" and words[2] in _HOST_NAMESPACES:
@@ -236,7 +279,36 @@ class _Extractor:
                     stack.append(inner)
         return False
 
+    def _wrapped_declaration(self, error: tree_sitter.Node) -> None:
+        """``GGML_DEPRECATED(GGML_API double f(int t), "use g");``: a macro call around a host prototype is
+        an ERROR node (the macro and the prototype) and the rest up to the ``;``; all of it goes."""
+        children = error.children
+        if len(children) < 3 or children[0].type != "identifier" or children[1].type != "(":
+            return
+        inner = next((c for c in children[2:] if _function_name(c, self.data)), None)
+        if inner is None:
+            return
+        declarators = inner.children_by_field_name("declarator")
+        specifiers = [c for c in inner.children if c not in declarators]
+        if kind_from_specifiers(specifiers, self.data, self.macros) != "host":
+            return
+        close = group_end(self.data, children[1].start_byte)
+        semicolon = self.data.find(b";", close) if close is not None else -1
+        parent = error.parent
+        if close is None or semicolon == -1 or self.data[close:semicolon].strip():
+            return
+        if parent is not None and semicolon >= parent.end_byte:
+            return
+        self.edits.append((error.start_byte, semicolon + 1, b""))
+        self.has_host_code = True
+
     def _has_host_data(self, spec: tree_sitter.Node) -> bool:
+        """Whether a class holds data that never reaches the GPU: ``std::vector``, ``torch::Tensor``, a
+        ``cublasHandle_t``, or derives from a host class such as ``std::exception``."""
+        for base in _base_classes(spec):
+            parts = node_text(self.data, base).split("<", 1)[0].replace(" ", "").split("::")
+            if parts[0] in _HOST_ONLY_NAMESPACES or (parts[0] == "std" and parts[-1] in _HOST_STD_BASES):
+                return True
         body = spec.child_by_field_name("body")
         for member in body.named_children if body is not None else ():
             if member.type != "field_declaration" or any(
@@ -244,89 +316,34 @@ class _Extractor:
             ):
                 continue
             type_node = member.child_by_field_name("type")
-            if type_node is None or type_node.type not in ("qualified_identifier", "template_type"):
+            if type_node is None:
+                continue
+            if type_node.type == "type_identifier":
+                if node_text(self.data, type_node).startswith(_HOST_LIBRARY_PREFIXES):
+                    return True
+                continue
+            if type_node.type not in ("qualified_identifier", "template_type"):
                 continue
             parts = node_text(self.data, type_node).split("<", 1)[0].replace(" ", "").split("::")
             if parts[0] in _HOST_ONLY_NAMESPACES or (parts[0] == "std" and parts[-1] in _HOST_STD_TYPES):
                 return True
         return False
 
-    def _drop(self, node: tree_sitter.Node, *, host: bool = True) -> None:
-        self.edits.append((node.start_byte, node.end_byte, b""))
+    def _drop(self, node: tree_sitter.Node, *, host: bool = True, start: int | None = None) -> None:
+        """Remove ``node`` (from ``start`` when given), with the attribute macros tree-sitter left as an
+        ERROR node right before it (``GGML_NORETURN GGML_ATTRIBUTE_FORMAT(3, 4)``)."""
+        start = node.start_byte if start is None else start
+        prefix = node.prev_sibling
+        if (
+            prefix is not None
+            and prefix.type == "ERROR"
+            and prefix.end_byte - prefix.start_byte <= _PREFIX_LIMIT
+            and not self.data[prefix.end_byte : start].strip()
+            and not any(leaf in _PREFIX_STOPS for leaf in _leaf_types(prefix))
+        ):
+            start = min(start, prefix.start_byte)
+        self.edits.append((start, node.end_byte, b""))
         self.has_host_code |= host
-
-    def _include(self, node: tree_sitter.Node) -> None:
-        path = node.child_by_field_name("path")
-        if path is None or path.type != "system_lib_string":
-            return  # "user.cuh": the caller's include path decides
-        header = node_text(self.data, path)[1:-1].strip()
-        if header in DEVICE_HEADERS or header.startswith(DEVICE_HEADER_PREFIXES):
-            return
-        end = node.end_byte
-        while end > node.start_byte and self.data[end - 1 : end] in (b"\n", b"\r"):
-            end -= 1
-        twin = LIBCUXX_TWINS.get(header)
-        if twin is None:
-            self.dropped_includes.append(header)
-            drop = (node.start_byte, end, b"")
-            self.edits.append(drop)
-            self._include_drops.append(drop)
-        else:
-            self._twins.append((node.start_byte, end, header, twin))
-
-    def finish(self, root: tree_sitter.Node) -> None:
-        """Standard headers: a libcu++ twin where the kept device code uses what the header declares.
-
-        Files often include <cstdio> or <cmath> for their host code only; rewriting those would make the
-        compile depend on libcu++ for nothing. The other way round, nvcc makes <math.h> and friends visible
-        without an include (and torch/extension.h brings <cstdint>, <limits>...), so a kernel may use
-        ``INFINITY`` or ``int64_t`` with no include of its own: those twins are added where the first
-        dropped include was, or at the top of the file.
-        """
-        if not self._twins and not any(word in self.data for word in TRIGGER_WORDS):
-            return
-        used = _names_used(root, self.data, self.edits)
-        needed = twins_needed(used)
-        blocks: list[tuple[int, int, list[str]]] = []
-        explicit: set[str] = set()
-        for start, end, header, twin in self._twins:
-            wanted = twin in needed or ("std" in used and twin not in BY_USAGE)
-            if wanted and twin not in explicit:
-                explicit.add(twin)
-                blocks.append((start, end, [twin]))
-            else:
-                self.dropped_includes.append(header)
-                self.edits.append((start, end, b""))
-        implicit = sorted(needed - explicit)
-        fallbacks = [
-            f"#ifndef {name}\n#define {name} {value}\n#endif"
-            for name, value in MATH_MACROS.items()
-            if name in used
-        ]
-        if implicit or fallbacks:
-            anchor = next((e for e in sorted(self.edits) if e[2] == b"" and e in self._include_drops), None)
-            if anchor is not None:
-                self.edits.remove(anchor)
-                blocks.append((anchor[0], anchor[1], implicit + fallbacks))
-            else:
-                blocks.append((0, 0, implicit + fallbacks))
-        std_alias_pending = "std" in used
-        for start, end, items in sorted(blocks):
-            lines = []
-            for item in items:
-                if item.startswith("#"):
-                    lines.append(item)
-                    continue
-                lines.append(f"#include <cuda/std/{item}>")
-                if item == "cstdint":
-                    lines.append(GLOBAL_INT_TYPES)
-            if std_alias_pending:
-                lines.append(STD_ALIAS)
-                if used & {"max", "min"}:
-                    lines.append(STD_MINMAX)
-                std_alias_pending = False
-            text = "\n".join(lines)
-            self.edits.append((start, end, (text + "\n" if start == end else text).encode()))
 
     def _template(self, node: tree_sitter.Node) -> None:
         inner = next(
@@ -339,13 +356,16 @@ class _Extractor:
         )
         if inner is None:
             return
+        dropped = False
         if inner.type in _CLASS_TYPES:
-            self._class(inner, node)
+            dropped = self._class(inner, node)
+            name = _base_name(inner.child_by_field_name("name"), self.data)
         elif inner.type == "function_definition":
-            self._function(inner, node)
+            dropped = self._function(inner, node)
+            name = _function_name(inner, self.data)
         elif inner.type == "declaration":
-            if not self._class(inner.child_by_field_name("type"), node):
-                self._declaration(inner, node)
+            dropped = self._class(inner.child_by_field_name("type"), node) or self._declaration(inner, node)
+            name = _function_name(inner, self.data)
         else:
             # template<...> template<...>: member templates defined out of class
             nested = next(
@@ -353,14 +373,26 @@ class _Extractor:
             )
             if nested is not None:
                 self._function(nested, node)
+            return
+        if not name:
+            return
+        if has_template_parameters(node):
+            (self._dropped_templates if dropped else self._kept_templates).add(name)
+        elif not dropped:
+            self._dependents.append((node, name))  # `template <> struct S<int> {...}`
 
-    def _function(self, fn: tree_sitter.Node, top: tree_sitter.Node) -> None:
+    def _function(self, fn: tree_sitter.Node, top: tree_sitter.Node) -> bool:
+        """Keep a device function, make a constexpr host one ``__host__ __device__``, drop the others;
+        returns whether it was dropped."""
         declarator = function_declarator(fn.child_by_field_name("declarator"))
         if declarator is None:
-            return
+            return False
         specifiers = [c for c in fn.children if c.end_byte <= declarator.start_byte]
+        split = _split_specifiers(top, self.data)
+        if split is not None:
+            specifiers = [c for c in split.children if not c.is_missing] + specifiers
         if kind_from_specifiers(specifiers, self.data, self.macros) != "host":
-            return
+            return False
         constexpr = any(
             node_text(self.data, c) == "constexpr"
             for c in specifiers
@@ -368,135 +400,149 @@ class _Extractor:
         )
         if constexpr and b"<<<" not in self.data[fn.start_byte : fn.end_byte]:
             self.edits.append((fn.start_byte, fn.start_byte, b"__host__ __device__ "))
-        else:
-            self._drop(top)
+            return False
+        self._drop(top, start=min(top.start_byte, _item_start(split)) if split is not None else None)
+        return True
 
-    def _declaration(self, decl: tree_sitter.Node, top: tree_sitter.Node) -> None:
+    def _declaration(self, decl: tree_sitter.Node, top: tree_sitter.Node) -> bool:
+        """Drop host prototypes and host variables; returns whether ``top`` was dropped."""
+        if decl.has_error and b"{" in self.data[decl.start_byte : decl.end_byte]:
+            return False  # a class or body tree-sitter could not read (`struct S<i> : A<i + 1> {...}`): stays
         declarators = decl.children_by_field_name("declarator")
         specifiers = [c for c in decl.children if c not in declarators and c.type != ";"]
         if any(function_declarator(d) is not None or d.type == "function_declarator" for d in declarators):
             if kind_from_specifiers(specifiers, self.data, self.macros) == "host":
                 self._drop(top)
-            return
+                return True
+            return False
+        if decl.has_error:
+            return False  # not a variable tree-sitter could read: NVRTC's diagnostics are the answer
         words = {
             node_text(self.data, c)
             for c in specifiers
             if c.type in ("type_qualifier", "storage_class_specifier") or c.type.startswith("__")
         }
         if words & _DEVICE_VARIABLE_QUALIFIERS:
-            return
+            return False
         if any(
             kind_from_specifiers([c], self.data, self.macros) != "host"
             for c in specifiers
             if c.type in ("type_identifier", "identifier")
         ):
-            return  # a qualifier macro such as `#define DEV __device__`
+            return False  # a qualifier macro such as `#define DEV __device__`
         type_node = decl.child_by_field_name("type")
-        if words & {"const", "constexpr"} and type_node is not None and type_node.type in _PLAIN_TYPES:
-            return
+        if (
+            words & {"const", "constexpr"}
+            and type_node is not None
+            and type_node.type in _PLAIN_TYPES
+            and all(_plain_declarator(d) for d in declarators)
+        ):
+            return False  # a constant of a plain type: `const float kScale = 2.0f;`, `constexpr int kN[2]`
         if (
             type_node is not None
             and type_node.type in ("struct_specifier", "class_specifier", "enum_specifier", "union_specifier")
             and type_node.child_by_field_name("body") is not None
         ):
-            return  # `struct S {...} s;`: the type is needed even if the variable is not
+            return False  # `struct S {...} s;`: the type is needed even if the variable is not
         self._drop(top)
+        return True
 
 
-def _names_used(root: tree_sitter.Node, data: bytes, edits: list[tuple[int, int, bytes]]) -> set[str]:
-    """Identifier names used by the code that survives ``edits``, expanding the macros it uses.
-
-    A macro body counts only when the macro is used: ``CUDA_CHECK`` bodies calling ``std::fprintf`` make
-    nothing needed unless device code calls ``CUDA_CHECK``.
-    """
-    dropped = sorted((start, end) for start, end, replacement in edits if end > start and not replacement)
-    starts = [start for start, _ in dropped]
-
-    def kept(node: tree_sitter.Node) -> bool:
-        i = bisect.bisect_right(starts, node.start_byte) - 1
-        return i < 0 or node.start_byte >= dropped[i][1]
-
-    macros: dict[str, set[str]] = {}
-    for _, captures in tree_sitter.QueryCursor(_MACRO_QUERY).matches(root):
-        names, bodies = captures.get("name", []), captures.get("body", [])
-        if names and kept(names[0]):
-            words = macros.setdefault(node_text(data, names[0]), set())
-            if bodies:
-                words.update(_WORD.findall(node_text(data, bodies[0])))
-    used: set[str] = set()
-    for node in tree_sitter.QueryCursor(_NAME_QUERY).captures(root).get("name", []):
-        parent = node.parent
-        if parent is not None and parent.type in (
-            "preproc_def",
-            "preproc_function_def",
-            "preproc_params",
-            "preproc_ifdef",
-            "preproc_defined",
-        ):
-            continue
-        if kept(node):
-            used.add(node_text(data, node))
-    pending = [name for name in used if name in macros]
-    while pending:
-        for word in macros.pop(pending.pop(), ()):
-            if word not in used:
-                used.add(word)
-                if word in macros:
-                    pending.append(word)
-    return used
+def _decision_text(data: bytes) -> bytes:
+    """The bytes the extractor parses: ``data`` with macro uses that wreck tree-sitter's reading of the
+    items around them blanked (same offsets): namespace macros (``BEGIN_NS``/``END_NS``), ``extern "C" {``
+    and its ``}`` inside ``#ifdef __cplusplus`` blocks, attribute
+    macros in a class head (``struct MGPU_ALIGN(8) dim_t {``) and qualifier macros of lambdas
+    (``[=] MGPU_DEVICE(int i) {...}``, which hide the host function around them). Edits apply to
+    ``data`` itself, which keeps the macros."""
+    spans = [m.span(1) for m in _CLASS_HEAD_MACRO.finditer(data)]
+    spans += [m.span(1) for m in _LAMBDA_MACRO.finditer(data)]
+    if b"NAMESPACE" in data or b"namespace" in data or b"__cplusplus" in data:
+        directives = scan_directives(data)
+        spans += namespace_macro_uses(data, directives) + brace_only_conditionals(data, directives)
+    if not spans:
+        return data
+    blanked = bytearray(data)
+    for start, end in spans:
+        blanked[start:end] = b" " * (end - start)
+    return bytes(blanked)
 
 
-def _apply(data: bytes, edits: list[tuple[int, int, bytes]]) -> tuple[str, list[int]]:
-    """Apply ``edits`` and split the result into lines, each tagged with the original line it comes from.
+def _base_classes(spec: tree_sitter.Node) -> list[tree_sitter.Node]:
+    clause = next((c for c in spec.children if c.type == "base_class_clause"), None)
+    if clause is None:
+        return []
+    return [c for c in clause.named_children if c.type in ("qualified_identifier", "template_type")]
 
-    A line that loses all its non-blank text to an edit disappears; untouched blank lines stay.
-    """
-    index = PositionIndex(data)
-    lines: list[bytearray] = [bytearray()]
-    origins: list[int] = [0]
-    touched: list[bool] = [False]
 
-    def add_original(start: int, end: int) -> None:
-        cursor = start
-        for match in _LINE_BREAK.finditer(data, start, end):
-            lines[-1] += data[cursor : match.start()]
-            lines.append(bytearray())
-            origins.append(index.line_of_byte(match.end()))
-            touched.append(False)
-            cursor = match.end()
-        lines[-1] += data[cursor:end]
+def _leaf_types(node: tree_sitter.Node) -> list[str]:
+    types: list[str] = []
+    stack = [node]
+    while stack and len(types) < 256:
+        current = stack.pop()
+        if current.child_count:
+            stack.extend(current.children)
+        else:
+            types.append(current.type)
+    return types
 
-    cursor = 0
-    for start, end, replacement in edits:
-        if start < cursor:
-            continue  # overlaps an earlier edit (nested items): the outer edit wins
-        add_original(cursor, start)
-        touched[-1] = True
-        if replacement:
-            origin = index.line_of_byte(start)
-            first, *rest = replacement.split(b"\n")
-            lines[-1] += first
-            for extra in rest:
-                lines.append(bytearray(extra))
-                origins.append(origin)
-                touched.append(True)
-        # Line breaks inside dropped code end lines that are dropped unless kept text shares them.
-        for match in _LINE_BREAK.finditer(data, start, end):
-            lines.append(bytearray())
-            origins.append(index.line_of_byte(match.end()))
-            touched.append(True)
-        cursor = max(cursor, end)
-    add_original(cursor, len(data))
 
-    out_lines: list[str] = []
-    line_map: list[int] = []
-    for content, origin, was_touched in zip(lines, origins, touched, strict=True):
-        if was_touched and not content.strip():
-            continue
-        text = decode_bytes(bytes(content))
-        out_lines.append(text.rstrip() if was_touched else text)
-        line_map.append(origin)
-    while out_lines and not out_lines[-1].strip():
-        out_lines.pop()
-        line_map.pop()
-    return "\n".join(out_lines) + ("\n" if out_lines else ""), line_map
+def _plain_declarator(node: tree_sitter.Node) -> bool:
+    """A variable (or array) declarator, not a pointer, reference or function pointer: ``const char* s`` is
+    a host pointer variable NVRTC refuses and device code cannot use."""
+    while node is not None and node.type in ("init_declarator", "array_declarator"):
+        node = node.child_by_field_name("declarator")
+    return node is not None and node.type in ("identifier", "field_identifier")
+
+
+def _split_specifiers(fn: tree_sitter.Node, data: bytes) -> tree_sitter.Node | None:
+    """The declaration that holds ``fn``'s specifiers when a macro split them off: tree-sitter reads
+    ``MGPU_HOST_DEVICE value_type operator[](int i) {...}`` as a declaration ``MGPU_HOST_DEVICE value_type``
+    missing its ``;`` and a definition without a type, and ``template <...> __global__ LB(256) void k()``
+    as a template of a declaration ``__global__ LB(256)`` then a definition ``void k()``."""
+    previous = fn.prev_sibling
+    if previous is not None and previous.type == "template_declaration" and previous.named_child_count:
+        previous = previous.named_children[-1]
+    if (
+        previous is not None
+        and previous.type in ("declaration", "field_declaration")
+        and previous.child_count
+        and previous.children[-1].is_missing
+        and not data[previous.end_byte : fn.start_byte].strip()
+    ):
+        return previous
+    return None
+
+
+def _item_start(node: tree_sitter.Node) -> int:
+    """Where the namespace-scope item holding ``node`` starts (a template header included)."""
+    parent = node.parent
+    return (
+        parent.start_byte if parent is not None and parent.type == "template_declaration" else node.start_byte
+    )
+
+
+def _base_name(node: tree_sitter.Node | None, data: bytes) -> str:
+    """``ns::S<int>`` -> ``S``: the name a template is known by."""
+    if node is None:
+        return ""
+    return node_text(data, node).split("<", 1)[0].replace(" ", "").rsplit("::", 1)[-1]
+
+
+def _function_name(node: tree_sitter.Node, data: bytes) -> str:
+    for declarator in node.children_by_field_name("declarator"):
+        function = function_declarator(declarator) or (
+            declarator if declarator.type == "function_declarator" else None
+        )
+        if function is not None:
+            return _base_name(function.child_by_field_name("declarator"), data)
+    return ""
+
+
+def _instantiated_name(node: tree_sitter.Node, data: bytes) -> str:
+    """The template an explicit instantiation names: ``template void f<float>(float*);`` -> ``f``,
+    ``template struct ns::S<int>;`` -> ``S``."""
+    for child in node.children:
+        if child.type in _CLASS_TYPES:
+            return _base_name(child.child_by_field_name("name"), data)
+    return _function_name(node, data)

@@ -1,15 +1,18 @@
 """Masks, functions and the ``dice-spec`` block of a CUDA source file, found with tree-sitter-cuda.
 
 A mask is a comment whose whole text is ``<MASK>`` or ``<MASK:N>`` (``/* */`` or ``//``, any surrounding
-whitespace); comments are tokens of the grammar, so text inside string literals is never a mask. The
-enclosing function comes from the syntax tree; while the user types (unbalanced braces, ERROR nodes) a
-function is recovered from the pieces tree-sitter left inside the ERROR node, and when even that fails the
-mask is still reported, with ``function=None``.
+whitespace); comments are tokens of the grammar, so text inside string literals is never a mask, and a
+comment that tree-sitter finds inside a string literal of a ``#define`` body (which it does not parse) is
+lexed out again. A comment that starts like a mask but is not one (``<MASK:0>``, ``<MASK:abc>``) is a
+:class:`MalformedMask`, reported with the reason. The enclosing function comes from the syntax tree; while
+the user types (unbalanced braces, ERROR nodes) a function is recovered from the pieces tree-sitter left
+inside the ERROR node, and when even that fails the mask is still reported, with ``function=None``.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 import textwrap
 from dataclasses import dataclass, field
@@ -17,6 +20,7 @@ from typing import Any
 
 import tree_sitter
 
+from dice.cuda_source._preprocessor import in_macro_literal
 from dice.cuda_source._syntax import (
     COMMENT_QUERY,
     DECLARATOR_WRAPPERS,
@@ -29,10 +33,15 @@ from dice.cuda_source._syntax import (
     qualifier_macros,
     scan_scopes,
 )
+from dice.cuda_source._syntax_errors import has_unexplained_errors
 from dice.cuda_source.positions import PositionIndex, Range, encode_text
 
 # The regexes only ever see the text of one comment node; the C++ itself is parsed by tree-sitter.
 _MASK_COMMENT = re.compile(r"(?:/\*\s*<MASK(?::\s*([0-9]+)\s*)?>\s*\*/|//\s*<MASK(?::\s*([0-9]+)\s*)?>\s*)")
+# A comment whose text starts with `<MASK` not followed by a letter, digit or `_` is meant as a mask.
+_MASK_ATTEMPT = re.compile(r"<MASK(?![A-Za-z0-9_])")
+_BUDGET = re.compile(r":([^>]*)(>?)(.*)", re.S)
+_DIGITS = re.compile(r"[0-9]+")
 _SPEC_HEADER = re.compile(r"\s*dice-spec\b:?")
 
 # Node types that may precede a function declarator in a (possibly broken) declaration.
@@ -65,6 +74,9 @@ class FunctionInfo:
     """A function definition. ``start_byte`` includes a ``template<...>`` header. ``recovered`` marks a
     definition that is not closed yet (rebuilt from an ERROR node, or closed by a MISSING brace): its body
     ends where tree-sitter's error recovery ended it, or at the end of the file when only blanks follow.
+    ``is_template``: the body is template code, compiled only when something instantiates it: the
+    definition has a ``template<...>`` header with parameters, or it is a member of a class template. An
+    explicit specialisation (``template <>``) is an ordinary function.
     """
 
     name: str
@@ -75,6 +87,7 @@ class FunctionInfo:
     body_start_byte: int
     body_end_byte: int
     recovered: bool = False
+    is_template: bool = False
 
     def contains(self, byte_offset: int) -> bool:
         """``start_byte <= byte_offset < end_byte``; an unclosed (recovered) function also holds its end,
@@ -111,6 +124,23 @@ class Mask:
 
 
 @dataclass(frozen=True)
+class MalformedMask:
+    """A comment that starts like a mask (``<MASK`` not followed by a letter, digit or ``_``) but is not
+    one: ``<MASK:0>``, ``<MASK:abc>``, ``<MASK:48`` or ``<MASK> text``. It is not a mask (no index, never
+    filled); ``reason`` says what is wrong, e.g. "a budget must be a positive integer, got 0". ``text`` is
+    the comment, with the same bounds as a mask's (a ``//`` comment stops before its line break)."""
+
+    start_byte: int
+    end_byte: int
+    range: Range
+    text: str
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"range": self.range.to_json(), "text": self.text, "reason": self.reason}
+
+
+@dataclass(frozen=True)
 class DiceSpec:
     """The Python source of the file's first ``dice-spec`` block comment (``/* dice-spec ... */``), dedented,
     newlines normalised to ``\\n``; lines are otherwise verbatim (no `` * `` gutter is stripped). Text after
@@ -129,17 +159,31 @@ class DiceSpec:
 
 @dataclass(frozen=True)
 class CudaDocument:
+    """A parsed ``.cu``/``.cuh`` file. ``tree_has_errors`` is tree-sitter's own flag (an ERROR or MISSING
+    node anywhere, unexpanded macros included); :attr:`has_errors` is the one to show a user."""
+
     text: str
     masks: list[Mask]
     spec: DiceSpec | None
     functions: list[FunctionInfo]
-    has_errors: bool = False
+    tree_has_errors: bool = False
     index: PositionIndex = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+    malformed_masks: list[MalformedMask] = field(default_factory=list)
 
     @property
     def data(self) -> bytes:
         """The UTF-8 bytes every byte offset of this document refers to."""
         return self.index.data
+
+    @functools.cached_property
+    def has_errors(self) -> bool:
+        """A syntax error that no unexpanded macro or preprocessor conditional explains
+        (``dice.cuda_source._syntax_errors``); a function left open while the user types counts. Computed
+        on first use (it may parse the file again, a few times on macro-heavy files)."""
+        if not self.tree_has_errors:
+            return False
+        data = self.data if self.index is not None else encode_text(self.text)
+        return has_unexplained_errors(data, parse_bytes(data).root_node)
 
 
 def parse_document(text: str | bytes) -> CudaDocument:
@@ -152,21 +196,36 @@ def parse_document(text: str | bytes) -> CudaDocument:
     root = tree.root_node
     scope = scan_scopes(root)
     macros = qualifier_macros(scope.macros, data)
-    functions = [info for node, top in scope.functions if (info := _function_info(node, top, data, macros))]
+    functions = [
+        info
+        for node, top, generic in scope.functions
+        if (info := _function_info(node, top, generic, data, macros))
+    ]
     functions += _recover_functions(scope.errors, data, macros)
     functions.sort(key=lambda f: (f.start_byte, -f.end_byte))  # outer before inner, as _innermost needs
     masks: list[Mask] = []
+    malformed: list[MalformedMask] = []
     for node in _comments_containing(root, data, b"<MASK"):
-        mask = _mask_from_comment(node, data, len(masks), index, functions)
-        if mask is not None:
-            masks.append(mask)
+        if in_macro_literal(data, root, node.start_byte):
+            continue  # tree-sitter lexed a comment inside a string literal of a #define body
+        found = _mask_from_comment(node, data, len(masks), index, functions)
+        if isinstance(found, Mask):
+            masks.append(found)
+        elif found is not None:
+            malformed.append(found)
     spec = None
     for node in _comments_containing(root, data, b"dice-spec"):
         spec = _spec_from_comment(node, data, index)
         if spec is not None:
             break
     return CudaDocument(
-        text=text, masks=masks, spec=spec, functions=functions, has_errors=root.has_error, index=index
+        text=text,
+        masks=masks,
+        spec=spec,
+        functions=functions,
+        tree_has_errors=root.has_error,
+        index=index,
+        malformed_masks=malformed,
     )
 
 
@@ -217,20 +276,25 @@ def _comments_containing(root: tree_sitter.Node, data: bytes, needle: bytes) -> 
 
 def _mask_from_comment(
     node: tree_sitter.Node, data: bytes, index: int, positions: PositionIndex, functions: list[FunctionInfo]
-) -> Mask | None:
+) -> Mask | MalformedMask | None:
     start, end = node.start_byte, node.end_byte
     raw = data[start:end]
     if raw.startswith(b"//"):
         # tree-sitter's line comment swallows the CR of a CRLF; the mask must not, or a fill would eat it.
         while end > start and data[end - 1 : end] in (b"\r", b"\n"):
             end -= 1
-    match = _MASK_COMMENT.fullmatch(data[start:end].decode("utf-8", "replace"))
-    if match is None:
+    text = data[start:end].decode("utf-8", "replace")
+    match = _MASK_COMMENT.fullmatch(text)
+    reason = _malformed_reason(text) if match is None else None
+    if match is None and reason is None:
         return None
+    if match is None:
+        return MalformedMask(start, end, positions.range_of(start, end), text, reason or "")
     digits = match.group(1) or match.group(2)
     budget = int(digits) if digits is not None else None
     if budget is not None and budget <= 0:
-        return None
+        reason = f"a budget must be a positive integer, got {budget}"
+        return MalformedMask(start, end, positions.range_of(start, end), text, reason)
     func = _innermost(functions, start)
     return Mask(
         index=index,
@@ -244,6 +308,28 @@ def _mask_from_comment(
         function_start_byte=func.start_byte if func else None,
         function_end_byte=func.end_byte if func else None,
     )
+
+
+def _malformed_reason(comment: str) -> str | None:
+    """Why a comment that is not a mask was meant as one, or None when it was not meant as one."""
+    inner = comment[2:-2] if comment.startswith("/*") and comment.endswith("*/") else comment[2:]
+    inner = inner.strip()
+    if not _MASK_ATTEMPT.match(inner):
+        return None
+    rest = inner[len("<MASK") :]
+    if rest.startswith(">"):
+        return "only blanks may follow the mask in its comment" if rest[1:].strip() else "unclosed comment"
+    budget = _BUDGET.fullmatch(rest)
+    if budget is None:
+        return "expected <MASK> or <MASK:N>"
+    value, closed, after = budget.group(1).strip(), budget.group(2), budget.group(3)
+    if not closed:
+        return "a mask must end with '>': <MASK> or <MASK:N>"
+    if not _DIGITS.fullmatch(value) or int(value) <= 0:
+        return f"a budget must be a positive integer, got {value or 'nothing'}"
+    if after.strip():
+        return "only blanks may follow the mask in its comment"
+    return "expected <MASK> or <MASK:N>"
 
 
 # ------------------------------------------------------------------------------------------- dice-spec
@@ -284,9 +370,14 @@ def _signature(data: bytes, start: int, end: int) -> str:
 
 
 def _function_info(
-    node: tree_sitter.Node, top: tree_sitter.Node, data: bytes, macros: dict[str, frozenset[str]]
+    node: tree_sitter.Node,
+    top: tree_sitter.Node,
+    generic: bool,
+    data: bytes,
+    macros: dict[str, frozenset[str]],
 ) -> FunctionInfo | None:
-    """``top`` is the outermost ``template_declaration`` around ``node``, or ``node`` itself."""
+    """``top`` is the outermost ``template_declaration`` around ``node``, or ``node`` itself; ``generic``
+    says whether a template with parameters encloses it."""
     declarator = function_declarator(node.child_by_field_name("declarator"))
     if declarator is None:
         return None
@@ -315,11 +406,12 @@ def _function_info(
         body_start_byte=body_start,
         body_end_byte=end if body is not None else node.end_byte,
         recovered=unclosed,
+        is_template=generic,
     )
 
 
 def _recover_functions(
-    errors: list[tree_sitter.Node], data: bytes, macros: dict[str, frozenset[str]]
+    errors: list[tuple[tree_sitter.Node, bool]], data: bytes, macros: dict[str, frozenset[str]]
 ) -> list[FunctionInfo]:
     """Functions whose definition tree-sitter could not close, read from the children of ERROR nodes.
 
@@ -328,7 +420,7 @@ def _recover_functions(
     far. The body runs from that ``{`` to its matching ``}`` among the siblings, or to the ERROR's end.
     """
     recovered: list[FunctionInfo] = []
-    for error in errors:
+    for error, generic in errors:
         children = error.children
         for i, child in enumerate(children):
             if i + 1 >= len(children) or children[i + 1].type != "{":
@@ -371,6 +463,15 @@ def _recover_functions(
                     body_start_byte=body_start,
                     body_end_byte=end,
                     recovered=True,
+                    is_template=generic or _after_template_header(children, j),
                 )
             )
     return recovered
+
+
+def _after_template_header(children: list[tree_sitter.Node], first_specifier: int) -> bool:
+    """Whether ``template <params>`` precedes the specifiers at ``children[first_specifier]``."""
+    i = first_specifier - 1
+    while i >= 0 and children[i].type == "comment":
+        i -= 1
+    return i >= 1 and children[i].type == "template_parameter_list" and children[i].named_child_count > 0
