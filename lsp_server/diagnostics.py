@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from lsprotocol import types
 
-from dice.cuda_source import Mask
+from dice.cuda_source import MalformedMask, Mask
 from dice.validator import Verdict
 from lsp_server.convert import lsp_range
 from lsp_server.verdicts import verdict_json
@@ -39,6 +39,20 @@ def mask_diagnostics(masks: Sequence[Mask]) -> list[types.Diagnostic]:
             )
         )
     return out
+
+
+def malformed_mask_diagnostics(malformed: Sequence[MalformedMask]) -> list[types.Diagnostic]:
+    """A warning per comment that looks like a mask but is not one (it is never filled)."""
+    return [
+        types.Diagnostic(
+            range=lsp_range(m.range),
+            message=f"not a DICE mask: {m.reason} (write <MASK> or <MASK:N> with N >= 1)",
+            severity=types.DiagnosticSeverity.Warning,
+            source=SOURCE,
+            code="malformed-mask",
+        )
+        for m in malformed
+    ]
 
 
 def compile_error_diagnostics(text: str, verdict: Verdict | None) -> list[types.Diagnostic]:

@@ -22,7 +22,7 @@ from pygls.uris import to_fs_path
 
 from dice.validator.verdict import verdict_label
 from lsp_server.config import DiceSettings, parse_settings, settings_to_wire
-from lsp_server.diagnostics import compile_error_diagnostics, mask_diagnostics
+from lsp_server.diagnostics import compile_error_diagnostics, malformed_mask_diagnostics, mask_diagnostics
 from lsp_server.documents import DocumentSnapshot, open_snapshot
 from lsp_server.inline import AdaptiveDebounce, RequestTracker, Shown
 from lsp_server.regions import FilledRegion, make_region, relocate
@@ -413,7 +413,11 @@ class DiceSession:
             return
         state = self.state_of(uri)
         doc = self.parse(snap) if snap.is_cuda else None
-        state.mask_diagnostics = mask_diagnostics(doc.masks) if doc is not None else []
+        state.mask_diagnostics = (
+            mask_diagnostics(doc.masks) + malformed_mask_diagnostics(doc.malformed_masks)
+            if doc is not None
+            else []
+        )
         if doc is not None and self._watcher is not None and snap.path is not None:
             from dice.validator.spec_files import spec_reference_files
 

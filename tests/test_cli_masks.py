@@ -129,3 +129,13 @@ def test_non_cuda_files_are_refused(tmp_path, capsys) -> None:
     header = tmp_path / "k.cuh"
     header.write_text("__device__ float f(float x) { /* <MASK> */ }\n")
     assert main(["masks", str(header), "--json"]) == 0
+
+
+def test_malformed_masks_are_warned_about(tmp_path, capsys) -> None:
+    from dice.cli import main
+
+    path = tmp_path / "k.cu"
+    path.write_text("__global__ void k(float* y) {\n    /* <MASK:0> */\n    // <MASK:abc>\n}\n")
+    assert main(["masks", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "no masks" in out and out.count("is not a mask") == 2 and f"{path}:2:5" in out

@@ -70,5 +70,11 @@ def print_table(path: Path, doc: CudaDocument) -> None:
         console.print(f"dice-spec: lines {first}-{last} (candidates are run and timed against it)")
     else:
         console.print("dice-spec: none (candidates are compile-checked only)")
+    for bad in doc.malformed_masks:
+        start = bad.range.start
+        console.print(
+            f"warning: {path}:{start.line + 1}:{start.character + 1}: {bad.text!r} is not a mask: "
+            f"{bad.reason}"
+        )
     if doc.has_errors:
         console.print("note: the file has syntax errors; masks outside a parsable function show no function")

@@ -85,6 +85,16 @@ async def test_masks_are_information_diagnostics(client: LanguageClient, tmp_pat
     await wait_diagnostics(client, uri, lambda d: d == [])
 
 
+async def test_malformed_masks_are_warnings(client: LanguageClient, tmp_path: Path) -> None:
+    """``<MASK:0>`` was ignored without a word; now the user learns why it is not filled."""
+    text = "__global__ void k(float* y) {\n    /* <MASK:0> */\n}\n"
+    uri = open_document(client, tmp_path / "bad.cu", text)
+    (got,) = await wait_diagnostics(client, uri, lambda d: len(d) == 1)
+    assert got.severity == types.DiagnosticSeverity.Warning and got.code == "malformed-mask"
+    assert got.range == types.Range(start=types.Position(1, 4), end=types.Position(1, 18))
+    assert "positive integer" in got.message
+
+
 async def test_compile_errors_map_to_file_lines(client: LanguageClient, tmp_path: Path) -> None:
     uri = open_document(client, tmp_path / "broken.cu", BROKEN_KERNEL)
     await wait_diagnostics(client, uri, lambda d: True)
