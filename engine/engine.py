@@ -22,6 +22,7 @@ from engine.model import DiceModel, ModelConfig
 from engine.prompts import extract_middle, infill_opening, infill_prompt, kernelbench_prompt
 from engine.runner import CudaGraphRunner, EagerRunner
 from engine.sampling import SamplingParams
+from engine.shape import check_shape, cut_to_shape, shape_end
 from engine.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -259,27 +260,35 @@ class Engine:
         context: str | None = None,
         n: int = 1,
         max_new_tokens: int = 256,
+        shape: str | None = None,
         **decode_args: Any,
     ) -> list[Completion]:
         """Fill the middle between ``prefix`` and ``suffix`` (DICE infilling prompt, response pre-filled with
-        the prefix); generation stops when the suffix's first line appears. Returns the middles only."""
+        the prefix); generation stops when the suffix's first line appears, or where a fill of a ``shape``
+        hole ends (``engine.shape``: "statement", "expression", "line"; "block"/None: the suffix only), and
+        the middle is cut there. A caller's ``until`` is asked as well. Returns the middles only."""
+        check_shape(shape)
         prompt, response_prefix = infill_prompt(prefix, suffix, context)
         ids = self.tokenizer.encode(prompt + response_prefix)
-
         starts_line = prefix == "" or prefix.endswith("\n")
 
-        def reached_suffix(row: int, new_ids: list[int]) -> bool:
-            return extract_middle(self.tokenizer.decode(new_ids), suffix, starts_line=starts_line)[1]
+        def middle_of(new_ids: list[int]) -> tuple[str, bool]:
+            return extract_middle(self.tokenizer.decode(new_ids), suffix, starts_line=starts_line)
 
-        decode_args.setdefault("until", reached_suffix)
-        out = self._sample_n(ids, n, max_new_tokens, **decode_args)
-        texts, ids_out, finished = [], [], []
+        def reached_end(row: int, new_ids: list[int]) -> bool:
+            middle, found = middle_of(new_ids)
+            return found or shape_end(middle, shape) is not None
+
+        also = decode_args.pop("until", None)
+        until = reached_end if also is None else (lambda r, x: reached_end(r, x) or bool(also(r, x)))
+        out = self._sample_n(ids, n, max_new_tokens, until=until, **decode_args)
+        texts, finished = [], []
         for row_ids, done in zip(out.ids, out.finished, strict=True):
-            middle, found = extract_middle(self.tokenizer.decode(row_ids), suffix, starts_line=starts_line)
+            middle, found = middle_of(row_ids)
+            middle, ended = cut_to_shape(middle, shape)
             texts.append(middle)
-            finished.append(found or done)
-            ids_out.append(row_ids)
-        out = GenerationOutput(ids_out, out.step_map, out.confidences, finished, out.steps)
+            finished.append(found or ended or done)
+        out = GenerationOutput(out.ids, out.step_map, out.confidences, finished, out.steps)
         return self._completions(out, texts)
 
     def generate_program(

@@ -297,10 +297,11 @@ class FillPipeline:
                 context=req.context,
                 n=count,
                 max_new_tokens=req.max_new_tokens,
+                shape=req.shape,
                 on_step=request.on_step(respect_deadline=respect_deadline, message=label),
                 **decode,
             )
-            return [Fill.of(o, req.mask_fill(o.text)) for o in outs]
+            return [Fill.of(o, shaped_fill(req, o.text)) for o in outs]
 
         try:
             fills = await self.model.run(work, request)
@@ -336,6 +337,14 @@ def prompt_token_counter(engine: InferenceEngine) -> Callable[[InfillRequest], i
         return len(tokenizer.encode(prompt + response_prefix))
 
     return count
+
+
+def shaped_fill(req: InfillRequest, middle: str) -> str:
+    """The text that replaces the hole, from an engine's middle: cut where the hole's shape ends (again:
+    an injected engine may not know ``shape``; the cut is idempotent), then mapped onto the mask's range."""
+    from engine.shape import cut_to_shape
+
+    return req.mask_fill(cut_to_shape(middle, req.shape)[0])
 
 
 _COMMENT = re.compile(r"/\*.*?(?:\*/|\Z)|//[^\n]*", re.DOTALL)

@@ -9,6 +9,9 @@ Where the hole is cut is a property of the model (``infill_holes`` in a ``dice.j
 (``training.corpus.infill_cuts``: a statement's bytes, so the prefix ends with the line's indentation); "line"
 moves the cut of a mask alone on its line(s) to whole lines, and ``InfillRequest.mask_fill`` maps the
 generated lines back onto the comment's range.
+
+Where a fill ends is the hole's shape (``dice.assistant.shape``: a statement for a mask alone on its line,
+an expression inside one, a block for a whole body), carried in ``InfillRequest.shape`` for the engine.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from dice.assistant.shape import HoleShape, hole_shape
 from dice.cuda_source.positions import decode_bytes
 
 if TYPE_CHECKING:
@@ -47,16 +51,19 @@ class Hole:
 @dataclass(frozen=True)
 class InfillRequest:
     """What the engine is asked; ``line_aligned``: the hole was widened to whole lines (prefix ends at the
-    mask's line start, suffix starts after its last line's break) and fills go through ``mask_fill``."""
+    mask's line start, suffix starts after its last line's break) and fills go through ``mask_fill``.
+    ``shape``: where a fill of the hole ends (``dice.assistant.shape``; None: at the suffix only), passed to
+    ``engine.infill(shape=...)``."""
 
     prefix: str
     suffix: str
     context: str | None
     max_new_tokens: int
     line_aligned: bool = False
+    shape: HoleShape | None = None
 
-    def key(self) -> tuple[str, str, str | None, int, bool]:
-        return (self.prefix, self.suffix, self.context, self.max_new_tokens, self.line_aligned)
+    def key(self) -> tuple[str, str, str | None, int, bool, str | None]:
+        return (self.prefix, self.suffix, self.context, self.max_new_tokens, self.line_aligned, self.shape)
 
     def mask_fill(self, middle: str) -> str:
         """The text that replaces the mask comment's own range, given the engine's middle."""
@@ -132,6 +139,7 @@ def build_infill_request(
     budget_chars: int | None,
     prefix_weight: int = 2,
     hole_cut: HoleCut = "byte",
+    shaped: bool = True,
 ) -> InfillRequest:
     """The prompt pieces for ``hole``; ``budget_chars`` caps ``prefix_weight * len(prefix) + len(suffix)``
     in UTF-8 bytes (None: no cap). The weight is 2 because DICE's infilling format shows the prefix twice
@@ -144,6 +152,9 @@ def build_infill_request(
 
     ``hole_cut`` "line": a mask alone on its line(s) becomes a whole-line hole (``line_aligned_span``);
     the request is then ``line_aligned`` and its fills must go through ``InfillRequest.mask_fill``.
+
+    ``shaped``: the request carries the hole's shape (``hole_shape``: a statement for a mask alone on its
+    line, an expression inside one, ...), else None (fills end at the suffix only). A budget still caps it.
     """
     data = doc.data
     max_new = min(hole.budget, default_max_new_tokens) if hole.budget else default_max_new_tokens
@@ -174,6 +185,14 @@ def build_infill_request(
         context=context,
         max_new_tokens=max_new,
         line_aligned=span is not None,
+        shape=shape_of(doc, hole) if shaped else None,
+    )
+
+
+def shape_of(doc: CudaDocument, hole: Hole) -> HoleShape:
+    """The shape of ``hole`` in ``doc`` (``dice.assistant.shape.hole_shape``; outside functions: "block")."""
+    return hole_shape(
+        doc.data, hole.start_byte, hole.end_byte, in_function=hole.function_start_byte is not None
     )
 
 

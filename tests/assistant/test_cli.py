@@ -301,7 +301,7 @@ def test_write_refuses_when_every_fill_is_blank(monkeypatch, shared_pool, cu_fil
 
 def test_write_keeps_a_crlf_file_crlf(monkeypatch, shared_pool, cu_file, capsys) -> None:
     """A fill of several lines (the model writes ``\\n``) goes into a CRLF file with CRLF line breaks."""
-    two_lines = "int j = i;\nif (j < n) y[j] = a * x[j];"
+    two_lines = "if (i < n)\n        y[i] = a * x[i];"  # one statement (the hole's shape) on two lines
     _scripted(monkeypatch, lambda p, s, n, t: [(GOOD_SQUARE if "square" not in s else two_lines, 0.9)] * n)
     crlf = cu_file.read_bytes().replace(b"\n", b"\r\n")
     cu_file.write_bytes(crlf)
@@ -309,5 +309,5 @@ def test_write_keeps_a_crlf_file_crlf(monkeypatch, shared_pool, cu_file, capsys)
     _, err = capsys.readouterr()
     assert code == 0, err
     written = cu_file.read_bytes()
-    assert b"int j = i;\r\nif (j < n)" in written
+    assert b"if (i < n)\r\n        y[i] = a * x[i];" in written
     assert written.count(b"\n") == written.count(b"\r\n")  # not one bare LF

@@ -162,7 +162,8 @@ async def test_complete_at_cursor_is_an_implicit_mask(scripted_engine_factory, v
     assert engine.requests[0]["prefix"] == text.encode()[:cursor].decode()
     assert engine.requests[0]["suffix"] == text.encode()[cursor:].decode()
     data = text.encode()
-    assert result.best_text.encode() == data[:cursor] + b"if (i < n) y[i] = a * x[i];\n    " + data[cursor:]
+    # a cursor on an otherwise blank line is a statement hole: the fill ends after its statement
+    assert result.best_text.encode() == data[:cursor] + b"if (i < n) y[i] = a * x[i];" + data[cursor:]
     (edit,) = result.edits
     assert edit.range.start == edit.range.end
     assert result.best_verdict is not None and result.best_verdict.compiled
