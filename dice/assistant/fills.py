@@ -105,7 +105,7 @@ class FillPipeline:
         requests = await asyncio.to_thread(lambda: [self.fit_request(doc, h) for h in holes])
         calls_per_hole = 1 + (1 if n > 1 else 0)
         request.steps_total = sum(calls_per_hole * steps_for(r.max_new_tokens, s) for r in requests)
-        fills, timing = await self._generate_all(requests, n, request)
+        fills, timing, duplicates = await self._generate_all(requests, n, request)
         t_generated = time.perf_counter()
         # a blank (or comment-only) fill only deletes the hole: it would "compile" and outrank every real
         # attempt
@@ -130,6 +130,7 @@ class FillPipeline:
                 "total_s": time.perf_counter() - t0,
                 "steps": float(request.steps_done),
                 "empty_fills": float(empty),
+                "duplicates": float(duplicates),  # candidates dropped as the same text as an earlier one
             },
         )
         if not completion.partial:
@@ -138,10 +139,10 @@ class FillPipeline:
 
     async def _generate_all(
         self, requests: list[InfillRequest], n: int, request: Request
-    ) -> tuple[list[list[Fill]], float]:
+    ) -> tuple[list[list[Fill]], float, int]:
         """The greedy fill of every hole first (something to show even under a tight latency budget), then
-        ``n - 1`` sampled ones per hole until the deadline. Returns the fills and when the greedy ones were
-        done."""
+        ``n - 1`` sampled ones per hole until the deadline. Returns the fills, when the greedy ones were
+        done, and how many sampled fills were dropped as duplicates."""
         s = self.settings
         fills: list[list[Fill]] = []
         for i, req in enumerate(requests):
@@ -151,6 +152,7 @@ class FillPipeline:
             assert greedy is not None  # the greedy fill ignores the deadline
             fills.append(greedy)
         t_greedy = time.perf_counter()
+        duplicates = 0
         if n > 1:
             for i, req in enumerate(requests):
                 request.raise_if_cancelled()
@@ -164,9 +166,11 @@ class FillPipeline:
                 if more is None:
                     request.partial = True
                     break
-                fills[i] = dedupe(fills[i] + more)
+                merged = dedupe(fills[i] + more)
+                duplicates += len(fills[i]) + len(more) - len(merged)
+                fills[i] = merged
         request.emit("generating", request.steps_total, request.steps_total, "generated")
-        return fills, t_greedy
+        return fills, t_greedy, duplicates
 
     async def _validate_and_rank(
         self,

@@ -194,9 +194,16 @@ def _report(console: Console, result: DocumentCompletion) -> None:
         console.print("The latency budget ran out: some candidates were not validated.")
     stats = result.stats
     if stats:
+        dropped = int(stats.get("duplicates", 0))
+        blank = int(stats.get("empty_fills", 0))
+        extra = "".join(
+            f"; {k} {what}{'s' if k != 1 else ''} dropped"
+            for k, what in ((dropped, "duplicate candidate"), (blank, "blank fill"))
+            if k
+        )
         console.print(
             f"Generated in {stats.get('generate_s', 0):.2f}s, validated in "
-            f"{stats.get('validate_s', 0):.2f}s ({int(stats.get('steps', 0))} denoising steps)."
+            f"{stats.get('validate_s', 0):.2f}s ({int(stats.get('steps', 0))} denoising steps{extra})."
         )
 
 

@@ -311,3 +311,13 @@ def test_write_keeps_a_crlf_file_crlf(monkeypatch, shared_pool, cu_file, capsys)
     written = cu_file.read_bytes()
     assert b"if (i < n)\r\n        y[i] = a * x[i];" in written
     assert written.count(b"\n") == written.count(b"\r\n")  # not one bare LF
+
+
+def test_complete_says_how_many_candidates_were_duplicates(monkeypatch, shared_pool, cu_file, capsys) -> None:
+    _scripted(monkeypatch, lambda p, s, n, t: [(GOOD_SQUARE if "square" not in s else GOOD_SCALE, 0.9)] * n)
+    code = main(["complete", str(cu_file), "--candidates", "3", "--validation", "compile", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    # per mask: the greedy fill and two samples, all the same text: two duplicates each
+    assert json.loads(out)["timings"]["duplicates"] == 4
+    assert "; 4 duplicate candidates dropped)" in err
