@@ -6,11 +6,12 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dice.validator.diagnostics import FileMapping, parse_compiler_output, to_diagnostics
 from dice.validator.paths import cuda_include_dirs, default_arch, nvcc_path
 
 # "<file>(<1-based line>): error: <text>" from NVRTC and nvcc (also "catastrophic error", "warning #177-D").
@@ -31,43 +32,66 @@ class CompileResult:
     seconds: float = 0.0
     tool: str = "nvrtc"
     arch: str = ""
+    instantiated: list[str] = field(default_factory=list)  # NVRTC name expressions that compiled
+    deps: list[str] = field(default_factory=list)  # files nvcc read (its dependency output)
+    cached: bool = False  # answered from the on-disk cache of unchanged checks
+    timed_out: bool = False
+    # nvcc: 0-based lines of the user's file that reached the compiler (None: unknown)
+    active_lines: list[int] | None = None
 
 
 def map_compiler_log(
-    log: str, line_map: Sequence[int] | None, display_name: str
+    log: str,
+    line_map: Sequence[int] | None,
+    display_name: str,
+    *,
+    include_site: Callable[[str], int | None] | None = None,
+    source: str = "nvrtc",
 ) -> tuple[str, list[dict[str, Any]]]:
     """Rewrite compiler line references to the user's file and collect diagnostics.
 
     ``line_map[i]`` is the 0-based file line of line ``i`` of the compiled source. A reference to a line
     outside the map (a header, a preamble) keeps its original file name and line.
     Returns the rewritten log (``display_name(<1-based line>): error: ...``) and diagnostics with a 0-based
-    ``line``.
+    ``line`` (and ``column``, ``source``, ``notes``; an error in a header lands on the user's ``#include``
+    of it when ``include_site`` finds one, with the header's place in ``header``).
     """
-    diagnostics: list[dict[str, Any]] = []
 
-    def rewrite(match: re.Match[str]) -> str:
-        line0 = int(match.group("line")) - 1
-        name = match.group("file")
-        own_file = (
+    def own(name: str | None) -> bool:
+        return (
             not name
             or Path(name).name in (display_name, Path(display_name).name)
             or name.endswith(("kernel.cu", "dice_device.cu"))
         )
-        if own_file and line_map is not None:
-            if 0 <= line0 < len(line_map):
-                line0 = line_map[line0]
-            else:
-                own_file = False
-        severity = "warning" if match.group("severity") in ("warning", "remark") else "error"
-        if own_file:
-            diagnostics.append(
-                {"line": line0, "severity": severity, "message": match.group("message").strip()}
-            )
-            name = display_name
+
+    def mapped(line1: int) -> int | None:
+        if line_map is None:
+            return line1 - 1
+        return line_map[line1 - 1] if 0 <= line1 - 1 < len(line_map) else None
+
+    def rewrite(match: re.Match[str]) -> str:
+        name, line0 = match.group("file"), int(match.group("line")) - 1
+        target = mapped(line0 + 1) if own(name) else None
+        if target is not None:
+            name, line0 = display_name, target
         code = match.group("code") or ""
         return f"{name}({line0 + 1}): {match.group('severity')}{code}: {match.group('message')}"
 
-    return COMPILER_LINE.sub(rewrite, log), diagnostics
+    def rewrite_site(match: re.Match[str]) -> str:
+        target = mapped(int(match.group("line"))) if own(match.group("file")) else None
+        if target is None:
+            return match.group(0)
+        return f"at line {target + 1} of {display_name}"
+
+    raw = parse_compiler_output(log, edg_source=source)
+    mapping = FileMapping(own, display_name, line_map, include_site)
+    diagnostics = to_diagnostics(raw, mapping)
+    rewritten = COMPILER_LINE.sub(rewrite, log)
+    rewritten = _AT_LINE.sub(rewrite_site, rewritten)
+    return rewritten, diagnostics
+
+
+_AT_LINE = re.compile(r"at line (?P<line>\d+) of (?P<file>[^\s\"]+)")
 
 
 MISSING_HEADER = re.compile(r'cannot open source file "(?P<name>[^"]+)"')
@@ -84,29 +108,34 @@ def nvrtc_compile(
     display_name: str = "kernel.cu",
     options: Sequence[str] = (),
     stub_header_prefixes: Sequence[str] = (),
+    name_expressions: Sequence[str] = (),
+    include_site: Callable[[str], int | None] | None = None,
 ) -> CompileResult:
     """Compile device code to a cubin with NVRTC; works on a machine without a GPU.
 
     Includes whose name starts with one of ``stub_header_prefixes`` resolve to empty headers.
+    ``name_expressions`` (``k<float, 8>``) instantiate template kernels; one NVRTC cannot parse (an
+    argument the device code does not define) is left out and the compile retried:
+    :attr:`CompileResult.instantiated` lists those that were used. ``options`` may carry the project's
+    ``-I``/``-D``/``-std``; the C++ standard is never below C++17 (libcu++ needs it).
     """
-    from cupy_backends.cuda.libs import nvrtc
-
     arch = arch or default_arch()
-    opts = [f"--gpu-architecture=sm_{arch}", *NVRTC_STD_OPTIONS, *options]
-    opts += [f"-I{d}" for d in cuda_include_dirs()]
+    std = [o for o in options if o.startswith("-std=")]
+    base = [
+        f"--gpu-architecture=sm_{arch}",
+        *nvrtc_std_options(std),
+        *(o for o in options if not o.startswith("-std=")),
+    ]
+    opts = base + [f"-I{d}" for d in cuda_include_dirs()]
     start = time.perf_counter()
     stubs: list[str] = []
-    for _ in range(32):
-        prog = nvrtc.createProgram(source, "dice_device.cu", [b""] * len(stubs), [s.encode() for s in stubs])
-        try:
-            try:
-                nvrtc.compileProgram(prog, opts)
-                ok = True
-            except nvrtc.NVRTCError:
-                ok = False
-            log = nvrtc.getProgramLog(prog) or ""
-        finally:
-            nvrtc.destroyProgram(prog)
+    names = list(dict.fromkeys(name_expressions))
+    for _ in range(32 + len(names)):
+        ok, log = _nvrtc_once(source, opts, stubs, names)
+        bad = _bad_name_expressions(log, names) if not ok else []
+        if bad:
+            names = [n for n in names if n not in bad]
+            continue
         missing = MISSING_HEADER.search(log) if not ok else None
         if (
             missing is None
@@ -118,8 +147,51 @@ def nvrtc_compile(
     log = log.rstrip("\x00").strip()
     if stubs:
         log = (f"(empty stand-ins used for host-only headers: {', '.join(stubs)})\n" + log).strip()
-    log, diagnostics = map_compiler_log(log, line_map, display_name)
-    return CompileResult(ok, log, diagnostics, time.perf_counter() - start, "nvrtc", f"sm_{arch}")
+    log, diagnostics = map_compiler_log(log, line_map, display_name, include_site=include_site)
+    result = CompileResult(ok, log, diagnostics, time.perf_counter() - start, "nvrtc", f"sm_{arch}")
+    result.instantiated = names
+    return result
+
+
+def nvrtc_std_options(requested: Sequence[str]) -> list[str]:
+    """``-std=c++17`` unless the project asks for a newer standard."""
+    newest = requested[-1] if requested else ""
+    digits = re.search(r"(\d+)$", newest)
+    if digits and int(digits.group(1)) in (20, 23, 26):
+        return [newest]
+    return list(NVRTC_STD_OPTIONS)
+
+
+def _nvrtc_once(
+    source: str, opts: Sequence[str], stubs: Sequence[str], names: Sequence[str]
+) -> tuple[bool, str]:
+    from cupy_backends.cuda.libs import nvrtc
+
+    prog = nvrtc.createProgram(source, "dice_device.cu", [b""] * len(stubs), [s.encode() for s in stubs])
+    try:
+        for name in names:
+            nvrtc.addNameExpression(prog, name)
+        try:
+            nvrtc.compileProgram(prog, list(opts))
+            ok = True
+        except nvrtc.NVRTCError:
+            ok = False
+        return ok, nvrtc.getProgramLog(prog) or ""
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+_NAME_MAP_ERROR = re.compile(r'Input name expression was: "(?P<name>[^"]*)"')
+
+
+def _bad_name_expressions(log: str, names: Sequence[str]) -> list[str]:
+    """The name expressions NVRTC could not parse (errors in ``__nv_name_map``), all of them when it does
+    not say which."""
+    if "__nv_name_map" not in log:
+        return []
+    said = {re.sub(r"\s+", "", m.group("name")) for m in _NAME_MAP_ERROR.finditer(log)}
+    bad = [n for n in names if re.sub(r"\s+", "", n) in said]
+    return bad or list(names)
 
 
 def nvcc_compile_check(

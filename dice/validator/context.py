@@ -71,6 +71,9 @@ class WorkerContext:
         self.arch: str | None = None
         self.device_name: str | None = None
         self.task_id: int | None = None
+        # files the task's verdict depends on beside its text (headers nvcc read): the pool re-checks their
+        # stamps before it answers the same task from its verdict cache; reset for every task
+        self.task_deps: list[str] = []
         self._lock_fd: int | None = None
         self._task_counter = 0
         if self.gpu:

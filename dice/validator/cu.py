@@ -1,5 +1,6 @@
-"""The ``.cu`` path, run inside a worker: NVRTC compile with errors on the file's own lines, nvcc for files
-with host code, and with a ``dice-spec`` plus a GPU: inputs, launch, reference, comparison and timing."""
+"""The ``.cu`` path, run inside a worker: the compile checks (:mod:`dice.validator.cu_compile`: NVRTC on the
+device code, nvcc on the whole file with the project's flags), and with a ``dice-spec`` plus a GPU: inputs,
+launch, reference, comparison and timing."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dice.validator.compile import NVRTC_STD_OPTIONS, nvcc_compile_check, nvrtc_compile
-from dice.validator.paths import cuda_include_dirs, default_arch
+from dice.validator.build_flags import BuildOptions
+from dice.validator.compile import nvrtc_std_options
+from dice.validator.cu_compile import CuFile, run_compile_checks
+from dice.validator.paths import cuda_include_dirs
 from dice.validator.runtime_guards import Replaced, monkey_patch
 from dice.validator.spec_files import spec_folder_imports
+from dice.validator.unchecked import describe_unchecked
 from dice.validator.verdict import FLAG_NOT_RUN, Verdict, speedup_flags
 
 if TYPE_CHECKING:
@@ -26,57 +30,39 @@ CU_TRIALS = 30  # the editor waits on these; KernelBench uses 100
 def run_cu(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, bool]:
     from dice.cuda_source import extract_device_code, parse_document
 
-    text: str = task["text"]
-    filename: str = task.get("filename") or "kernel.cu"
-    folder: str | None = task.get("folder") or None
+    build = task.get("build")
+    file = CuFile(
+        text=task["text"],
+        filename=task.get("filename") or "kernel.cu",
+        folder=task.get("folder") or None,
+        build=BuildOptions.from_json(build) if build else None,
+    )
     run: bool = bool(task.get("run", True))
-    arch = ctx.arch or default_arch()
     ctx.phase("build")
-    device = extract_device_code(text)
-    doc = parse_document(text)
+    device = extract_device_code(file.text)
+    doc = parse_document(file.text)
     kernels = [f.name for f in doc.functions if f.kind == "global" and f.name]
-    checked: list[str] = []
-    notes: list[str] = []
-
-    if device.has_host_code:
-        host = nvcc_compile_check(text, workdir=ctx.task_dir(), display_name=filename, arch=arch)
-        if host is None:
-            notes.append("host code not compiled: nvcc not found (set CUDA_HOME or put nvcc on PATH)")
-        elif not host.ok:
-            return Verdict(
-                "compile_error",
-                False,
-                message=_first_error(host.log, "nvcc failed"),
-                log=host.log,
-                diagnostics=host.diagnostics,
-            ), False
-        else:
-            checked.append(f"whole file with nvcc ({host.arch}, {host.seconds:.1f} s)")
-
-    result = nvrtc_compile(device.source, arch=arch, line_map=device.line_map, display_name=filename)
-    if not result.ok:
-        return Verdict(
-            "compile_error",
-            False,
-            message=_first_error(result.log, "NVRTC failed"),
-            log=result.log,
-            diagnostics=result.diagnostics,
-        ), False
-    checked.append(f"device code with NVRTC ({result.arch}, {result.seconds:.2f} s)")
-    warnings = [d for d in result.diagnostics if d["severity"] == "warning"]
+    checks = run_compile_checks(ctx, file, device, doc)
+    ctx.task_deps = list(checks.deps)
+    if checks.error is not None:
+        return checks.error, False
 
     def compiled_only(reason: str) -> tuple[Verdict, bool]:
-        message = "compiled: " + "; ".join(checked) + f". Not run: {reason}."
-        if notes:
-            message += " " + " ".join(notes) + "."
+        message = "compiled: " + "; ".join(checks.checked) + f". Not run: {reason}."
+        if checks.unchecked:
+            described = describe_unchecked(checks.unchecked)
+            message += f" {described[:1].upper()}{described[1:]}."
+        if checks.notes:
+            message += " " + " ".join(n.rstrip(".") + "." for n in checks.notes)
         return Verdict(
             "compiled",
             True,
             None,
             message=message,
-            log=result.log,
+            log=checks.log,
             flags=[FLAG_NOT_RUN],
-            diagnostics=warnings,
+            diagnostics=checks.warnings,
+            unchecked=checks.unchecked,
         ), False
 
     if doc.spec is None:
@@ -87,9 +73,21 @@ def run_cu(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, bool]:
         return compiled_only("compile-only validation was requested")
     if not ctx.gpu:
         return compiled_only("no CUDA GPU on this machine")
+    if checks.nvrtc is None or not checks.nvrtc.ok:
+        return compiled_only("running needs the device code compiled alone by NVRTC, which failed")
 
     ctx.acquire_gpu()
-    return _run_spec(ctx, device.source, kernels, doc.spec.source, filename, checked, result.log, folder)
+    return _run_spec(
+        ctx,
+        device.source,
+        kernels,
+        doc.spec.source,
+        file.filename,
+        checks.checked,
+        checks.log,
+        file.folder,
+        checks.nvrtc_options,
+    )
 
 
 @dataclass
@@ -119,6 +117,7 @@ def _run_spec(
     checked: list[str],
     compile_log: str,
     folder: str | None = None,
+    nvrtc_options: list[str] | None = None,
 ) -> tuple[Verdict, bool]:
     # imported outside the try, as before: a broken CuPy or torch is the validator's error, not the spec's
     import cupy  # noqa: F401
@@ -129,7 +128,9 @@ def _run_spec(
     stage = _Stage("compiling the module with CuPy")
     try:
         with spec_folder_imports(folder):
-            outcome = _check_spec(source, kernels, spec_source, filename, compile_log, stage)
+            outcome = _check_spec(
+                source, kernels, spec_source, filename, compile_log, stage, nvrtc_options or []
+            )
     except Exception as exc:  # noqa: BLE001 - the kernel or the spec failed: that is the verdict
         # A CUDA fault (illegal address ...) poisons the context: the worker must be replaced.
         return Verdict(
@@ -147,7 +148,13 @@ def _run_spec(
 
 
 def _check_spec(
-    source: str, kernels: list[str], spec_source: str, filename: str, compile_log: str, stage: _Stage
+    source: str,
+    kernels: list[str],
+    spec_source: str,
+    filename: str,
+    compile_log: str,
+    stage: _Stage,
+    nvrtc_options: list[str],
 ) -> _SpecRun | Verdict:
     """Compile the module, execute the dice-spec, compare ``launch`` with ``reference`` and time both; the
     verdict when the spec is incomplete or the output wrong. ``stage`` follows the steps."""
@@ -156,7 +163,12 @@ def _check_spec(
 
     from dice.validator.gpu import L2Flusher, TorchModule, compare_outputs, time_cuda
 
-    options = (*NVRTC_STD_OPTIONS, *(f"-I{d}" for d in cuda_include_dirs()))
+    std = nvrtc_std_options([o for o in nvrtc_options if o.startswith("-std=")])
+    options = (
+        *std,
+        *(o for o in nvrtc_options if not o.startswith("-std=")),
+        *(f"-I{d}" for d in cuda_include_dirs()),
+    )
     raw = cupy.RawModule(code=source, options=options, backend="nvrtc", name_expressions=kernels or None)
     module = TorchModule(raw)
     stage.name = "executing the dice-spec block"
@@ -244,10 +256,3 @@ def _correct_verdict(ctx: WorkerContext, run: _SpecRun, checked: list[str], comp
         log=log,
         flags=flags,
     )
-
-
-def _first_error(log: str, fallback: str) -> str:
-    for line in log.splitlines():
-        if "error" in line:
-            return line.strip()
-    return fallback

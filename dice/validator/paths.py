@@ -33,7 +33,13 @@ def source_hash(*parts: str | bytes | None, length: int = 20) -> str:
 
 @lru_cache(maxsize=1)
 def nvcc_path() -> str | None:
-    """nvcc from $CUDA_HOME, /usr/local/cuda or PATH, or None."""
+    """nvcc from $DICE_NVCC (a path; ``0``/``none``: no nvcc, NVRTC checks alone), $CUDA_HOME,
+    /usr/local/cuda or PATH, or None."""
+    chosen = os.environ.get("DICE_NVCC", "").strip()
+    if chosen.lower() in ("0", "none", "off", "false"):
+        return None
+    if chosen:
+        return chosen if os.path.isfile(chosen) else shutil.which(chosen)
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if home and (Path(home) / "bin" / "nvcc").is_file():
             return str(Path(home) / "bin" / "nvcc")
@@ -41,17 +47,57 @@ def nvcc_path() -> str | None:
 
 
 @lru_cache(maxsize=1)
-def cuda_include_dirs() -> tuple[str, ...]:
-    """Folders NVRTC needs for CUDA headers (``cuda_fp16.h``) and libcu++/CUB (``<cuda/std/cmath>``): it
-    searches none by itself. From CuPy's CUDA (pip wheels or a toolkit), CuPy's bundled CCCL, then nvcc's."""
+def toolkit_include_dir() -> str | None:
+    """The CUDA toolkit's own include folder (the one nvcc searches: it has ``crt/``, ``mma.h``), or None."""
     candidates: list[str] = []
+    nvcc = nvcc_path()
+    if nvcc:
+        candidates.append(str(Path(nvcc).resolve().parents[1] / "include"))
+    candidates.append("/usr/local/cuda/include")
+    for d in candidates:
+        if os.path.isfile(os.path.join(d, "cuda_runtime.h")) and os.path.isdir(os.path.join(d, "crt")):
+            return d
+    return None
+
+
+@lru_cache(maxsize=1)
+def pip_cuda_include_dir() -> str | None:
+    """The CUDA headers of the pip wheels (``nvidia/cu13/include`` of ``cupy-cuda13x[ctk]``), or None.
+
+    They may be a newer CUDA than the toolkit's (13.5 beside 13.0) but hold what the toolkit may lack
+    (``cublas_v2.h``, ``curand_kernel.h``): search them after the toolkit's, never before."""
     try:
-        import cupy
         import cupy.cuda
 
-        cupy_cuda = cupy.cuda.get_cuda_path()
-        if cupy_cuda:
-            candidates.append(os.path.join(cupy_cuda, "include"))
+        root = cupy.cuda.get_cuda_path()
+    except Exception:  # noqa: BLE001 - no CuPy: no pip headers
+        return None
+    if not root:
+        return None
+    d = os.path.join(root, "include")
+    if not os.path.isfile(os.path.join(d, "cuda_runtime.h")):
+        return None
+    toolkit = toolkit_include_dir()
+    if toolkit is not None and os.path.realpath(d) == os.path.realpath(toolkit):
+        return None  # CuPy uses the toolkit itself
+    return d
+
+
+@lru_cache(maxsize=1)
+def cuda_include_dirs() -> tuple[str, ...]:
+    """Folders NVRTC needs for CUDA headers (``cuda_fp16.h``, ``mma.h``) and libcu++/CUB
+    (``<cuda/std/cmath>``): it searches none by itself.
+
+    In this order: the toolkit's include folder (it has ``crt/``, which ``mma.h`` needs; the pip folder does
+    not), CuPy's bundled headers and CCCL, then the pip CUDA headers, searched last so that a newer runtime
+    there never shadows the toolkit's and only what the toolkit lacks comes from it. Without a toolkit the
+    pip folder comes first, as the one CUDA header folder."""
+    toolkit = toolkit_include_dir()
+    pip = pip_cuda_include_dir()
+    candidates: list[str] = [toolkit] if toolkit else ([pip] if pip else [])
+    try:
+        import cupy
+
         core = os.path.join(os.path.dirname(cupy.__file__), "_core", "include")
         candidates += [
             core,
@@ -60,20 +106,12 @@ def cuda_include_dirs() -> tuple[str, ...]:
         ]
     except Exception:  # noqa: BLE001 - a broken CuPy install only costs these include folders
         pass
-    nvcc = nvcc_path()
-    if nvcc:
-        candidates.append(str(Path(nvcc).resolve().parents[1] / "include"))
-    candidates.append("/usr/local/cuda/include")
+    if toolkit and pip:
+        candidates.append(pip)
     dirs: list[str] = []
-    have_cuda_headers = False
     for d in candidates:
-        if d in dirs or not os.path.isdir(d):
-            continue
-        is_cuda = os.path.isfile(os.path.join(d, "cuda_fp16.h"))
-        if is_cuda and have_cuda_headers:
-            continue  # one CUDA header folder: two versions would clash
-        have_cuda_headers |= is_cuda
-        dirs.append(d)
+        if d not in dirs and os.path.isdir(d):
+            dirs.append(d)
     return tuple(dirs)
 
 

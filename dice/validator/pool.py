@@ -29,9 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dice.validator.build_flags import BuildOptions
+from dice.validator.compdb import database_stamps
 from dice.validator.paths import cache_dir, source_hash
 from dice.validator.reference import check_reference
-from dice.validator.spec_files import dependency_stamps
+from dice.validator.spec_files import dependency_stamps, stamps_current
 from dice.validator.verdict import Verdict, error_verdict
 
 STARTUP_TIMEOUT_S = 180.0
@@ -240,7 +242,10 @@ class ValidatorPool:
         self._max_jobs = max(2, cpus // workers)
         self._gpu_indices = [i % n_gpus if self.gpu else None for i in range(workers)]
         self._queue: queue.Queue[_Task | None] = queue.Queue()
-        self._verdicts: OrderedDict[str, Verdict] | None = OrderedDict() if cache_verdicts else None
+        # key -> (verdict, stamps of the files it depends on beside its text)
+        self._verdicts: OrderedDict[str, tuple[Verdict, list[Any]]] | None = (
+            OrderedDict() if cache_verdicts else None
+        )
         self._cache_lock = threading.Lock()
         self._cache_generation = 0  # bumped by clear_cache: older tasks' verdicts are not stored
         self._closed = False
@@ -262,8 +267,9 @@ class ValidatorPool:
         run: bool = True,
         filename: str = "kernel.cu",
         folder: str | os.PathLike[str] | None = None,
+        build: BuildOptions | None = None,
     ) -> Verdict:
-        return self.submit_cu(text, run=run, filename=filename, folder=folder).result()
+        return self.submit_cu(text, run=run, filename=filename, folder=folder, build=build).result()
 
     def validate_kernelbench(
         self, ref_src: str, cand_src: str, *, strict: bool = False, timing: bool = True
@@ -277,12 +283,18 @@ class ValidatorPool:
         run: bool = True,
         filename: str = "kernel.cu",
         folder: str | os.PathLike[str] | None = None,
+        build: BuildOptions | None = None,
     ) -> concurrent.futures.Future[Verdict]:
-        """Compile a ``.cu`` file's device code; with a dice-spec, a GPU and ``run``, also run and time it.
+        """Compile a ``.cu`` file (NVRTC on its device code, nvcc on the whole file with its project's
+        flags); with a dice-spec, a GPU and ``run``, also run and time it.
 
-        ``folder``: the folder of the user's file (None: unknown). The dice-spec can then import modules
-        beside the file (``import ref``), read afresh for every task; the verdict cache keys on it, and
-        :meth:`clear_cache` forgets verdicts when such a file changes.
+        ``folder``: the folder of the user's file (None: unknown). Its compile command is looked up from
+        there (``compile_commands.json`` in it, an ancestor or a ``build*/`` folder), its relative includes
+        resolve as in place, and the dice-spec can import modules beside the file (``import ref``), read
+        afresh for every task. ``build``: an explicit database, include paths, defines, workspace root
+        (:class:`~dice.validator.build_flags.BuildOptions`). The verdict cache keys on all of these, on the
+        database's stamp, and on the stamps of every project header nvcc read; :meth:`clear_cache`
+        forgets verdicts when a file a dice-spec imports changes.
         """
         payload = {
             "kind": "cu",
@@ -290,9 +302,11 @@ class ValidatorPool:
             "run": bool(run),
             "filename": Path(filename).name,
             "folder": None if folder is None else os.path.abspath(os.fspath(folder)),
+            "build": None if build is None else build.to_json(),
         }
         stamps = dependency_stamps(text, payload["folder"], payload["filename"])
-        return self._submit(payload, key_extra=stamps)
+        databases = database_stamps(payload["folder"], build.compile_commands if build else None)
+        return self._submit(payload, key_extra=[stamps, databases])
 
     def submit_kernelbench(
         self, ref_src: str, cand_src: str, *, strict: bool = False, timing: bool = True
@@ -359,8 +373,8 @@ class ValidatorPool:
                 hit = self._verdicts.get(key)
                 if hit is not None:
                     self._verdicts.move_to_end(key)
-            if hit is not None:
-                future.set_result(Verdict.from_json(hit.to_json()))
+            if hit is not None and stamps_current(hit[1]):
+                future.set_result(Verdict.from_json(hit[0].to_json()))
                 return future
         self._queue.put(_Task(payload, future, key, self._cache_generation))
         return future
@@ -375,8 +389,9 @@ class ValidatorPool:
                 return
             if not task.future.set_running_or_notify_cancel():
                 continue
+            deps: list[Any] = []
             try:
-                verdict = self._run(slot, task.payload)
+                verdict, deps = self._run(slot, task.payload)
             except Exception as exc:  # noqa: BLE001 - never leave a future unresolved
                 verdict = error_verdict(
                     "runtime_error", f"validator internal error: {exc}", traceback.format_exc()
@@ -388,7 +403,7 @@ class ValidatorPool:
             ):
                 with self._cache_lock:
                     if task.cache_generation == self._cache_generation:
-                        self._verdicts[task.cache_key] = verdict
+                        self._verdicts[task.cache_key] = (verdict, deps)
                         while len(self._verdicts) > 1024:
                             self._verdicts.popitem(last=False)
             task.future.set_result(verdict)
@@ -409,11 +424,12 @@ class ValidatorPool:
             worker.kill()
             self._live[slot] = None
 
-    def _run(self, slot: int, payload: dict[str, Any]) -> Verdict:
+    def _run(self, slot: int, payload: dict[str, Any]) -> tuple[Verdict, list[Any]]:
+        """The task's verdict and the stamps of the files it read (for the verdict cache)."""
         try:
             worker = self._worker(slot)
         except _WorkerGone as exc:
-            return error_verdict("runtime_error", str(exc))
+            return error_verdict("runtime_error", str(exc)), []
         task_id = worker.tasks_done + 1
         phase = "build"
         limits = {"build": self.build_timeout_s, "wait_gpu": None, "run": self.timeout_s}
@@ -432,7 +448,7 @@ class ValidatorPool:
                         None,
                         message=f"timed out: the {phase} phase exceeded {limit:.0f} s; the worker was killed "
                         "and replaced",
-                    )
+                    ), []
                 if event.get("event") == "phase":
                     phase = str(event.get("phase"))
                     started = time.monotonic()
@@ -441,7 +457,7 @@ class ValidatorPool:
                     verdict = Verdict.from_json(event["verdict"])
                     if event.get("restart") or worker.tasks_done >= self.max_tasks_per_worker:
                         self._retire(slot)
-                    return verdict
+                    return verdict, list(event.get("deps") or [])
         except _WorkerGone:
             description = worker.exit_description()
             tail = worker.log_tail()
@@ -452,4 +468,4 @@ class ValidatorPool:
                 None,
                 message=f"{description} during the {phase} phase (the worker was replaced)",
                 log=tail,
-            )
+            ), []

@@ -71,6 +71,23 @@ def dependency_stamps(text: str, folder: str | os.PathLike[str] | None, filename
     return stamps
 
 
+def dependency_file_stamps(paths: list[str]) -> list[list[object]]:
+    """(path, mtime_ns, size) of each file (-1, -1 when missing): what a cached verdict depends on."""
+    stamps: list[list[object]] = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+            stamps.append([path, st.st_mtime_ns, st.st_size])
+        except OSError:
+            stamps.append([path, -1, -1])
+    return stamps
+
+
+def stamps_current(stamps: list[list[object]]) -> bool:
+    """Whether every file of ``stamps`` (from :func:`dependency_file_stamps`) is unchanged."""
+    return all(dependency_file_stamps([str(s[0])])[0] == list(s) for s in stamps)
+
+
 @contextlib.contextmanager
 def spec_folder_imports(folder: str | os.PathLike[str] | None) -> Iterator[None]:
     """Let a dice-spec import modules from ``folder`` (the ``.cu`` file's folder; None: nothing changes).

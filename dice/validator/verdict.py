@@ -23,6 +23,10 @@ FLAG_CUSTOM_KERNELS_MINOR = "custom_kernels_minor"
 FLAG_LAUNCH_NOT_VERIFIED = "kernel_launch_not_verified"
 FLAG_NOT_RUN = "not_run"
 FLAG_CACHED = "cached_verdict"
+# Set by the assistant (mark_unchecked) on a fill that lies in code no compiler type-checked.
+FLAG_FILL_NOT_CHECKED = "fill_not_checked"
+_WORDED_FLAGS = (FLAG_NOT_RUN, FLAG_FILL_NOT_CHECKED)  # flags the label says in words
+NOT_CHECKED_PREFIX = "fill not checked: "
 
 
 def speedup_flags(speedup: float | None) -> tuple[list[str], str]:
@@ -41,6 +45,8 @@ class Verdict:
 
     ``diagnostics`` holds compiler messages already mapped to the validated file's own lines
     (0-based ``line``), so editors can show them without knowing how the device code was extracted.
+    ``unchecked`` lists the code no compiler type-checked (``{"line", "end_line", "function", "reason"}``,
+    0-based lines of the validated file): host code when only NVRTC ran, templates nothing instantiated.
     """
 
     status: Status
@@ -54,6 +60,7 @@ class Verdict:
     log: str = ""
     flags: list[str] = field(default_factory=list)
     diagnostics: list[dict[str, Any]] = field(default_factory=list)
+    unchecked: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -69,7 +76,7 @@ class Verdict:
         return self.status in ("correct", "compiled")
 
     def to_json(self) -> dict[str, Any]:
-        """The verdict object of docs/CONTRACTS.md plus ``flags`` and ``diagnostics``."""
+        """The verdict object of docs/CONTRACTS.md plus ``flags``, ``diagnostics`` and ``unchecked``."""
         return {
             "status": self.status,
             "compiled": self.compiled,
@@ -82,6 +89,7 @@ class Verdict:
             "log": self.log,
             "flags": list(self.flags),
             "diagnostics": [dict(d) for d in self.diagnostics],
+            "unchecked": [dict(u) for u in self.unchecked],
         }
 
     @classmethod
@@ -130,6 +138,8 @@ def verdict_label(verdict: Verdict | Mapping[str, Any] | None) -> str:
         text = "compiled ✓ · correct ✗" + (
             f" (max abs err {err:.3g})" if isinstance(err, (int, float)) else ""
         )
+    elif status == "compiled" and FLAG_FILL_NOT_CHECKED in (v.get("flags") or []):
+        text = f"not checked ({_not_checked_reason(v)}) · not run"
     elif status == "compiled":
         text = "compiled ✓ · not run"
     elif status == "compile_error":
@@ -143,10 +153,50 @@ def verdict_label(verdict: Verdict | Mapping[str, Any] | None) -> str:
         text = f"rejected: {reason}" if reason else "rejected"
     else:
         text = str(status or "not validated")
-    flags = [f for f in v.get("flags") or [] if f != FLAG_NOT_RUN]
+    flags = [
+        f
+        for f in v.get("flags") or []
+        if f not in _WORDED_FLAGS or (f != FLAG_NOT_RUN and status != "compiled")
+    ]
     if flags:
         text += " · flags: " + ", ".join(flags)
     return text
+
+
+def _not_checked_reason(v: Mapping[str, Any]) -> str:
+    line = first_line(v.get("message"), limit=200)
+    if line.startswith(NOT_CHECKED_PREFIX):
+        return line[len(NOT_CHECKED_PREFIX) :]
+    reasons = [
+        u.get("reason") for u in v.get("unchecked") or [] if isinstance(u, Mapping) and u.get("reason")
+    ]
+    return _short_reason(str(reasons[0])) if reasons else "no compiler type-checked it"
+
+
+def _short_reason(reason: str) -> str:
+    """The part of an unchecked reason before its first colon: what a label has room for."""
+    return reason.split(":", 1)[0].strip() or reason
+
+
+def mark_unchecked(verdict: Verdict, line: int) -> Verdict:
+    """A copy of ``verdict`` flagged :data:`FLAG_FILL_NOT_CHECKED` when 0-based ``line`` lies in one of its
+    ``unchecked`` ranges (the first line of its message then says why); the verdict itself otherwise."""
+    hit = next(
+        (
+            u
+            for u in verdict.unchecked
+            if isinstance(u.get("line"), int) and u["line"] <= line <= int(u.get("end_line", u["line"]))
+        ),
+        None,
+    )
+    if hit is None or FLAG_FILL_NOT_CHECKED in verdict.flags:
+        return verdict
+    copy = Verdict.from_json(verdict.to_json())
+    copy.flags.append(FLAG_FILL_NOT_CHECKED)
+    where = f" ({hit.get('function')}, lines {hit['line'] + 1}-{int(hit.get('end_line', hit['line'])) + 1})"
+    reason = _short_reason(str(hit.get("reason") or "no compiler type-checked it"))
+    copy.message = f"{NOT_CHECKED_PREFIX}{reason}\n{str(hit.get('reason'))}{where}. {verdict.message}".strip()
+    return copy
 
 
 def error_verdict(status: Status, message: str, log: str = "", *, compiled: bool = False) -> Verdict:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dice.validator.context import WorkerContext
+from dice.validator.spec_files import dependency_file_stamps
 from dice.validator.verdict import Verdict, error_verdict
 
 
@@ -101,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         task = json.loads(line)
         ctx.task_id = task.get("id")
+        ctx.task_deps = []
         log_start = _log_size(ctx.log_path)
         restart = False
         try:
@@ -115,7 +117,15 @@ def main(argv: list[str] | None = None) -> int:
         output = _read_log_from(ctx.log_path, log_start).strip()
         if output:
             verdict.log = (verdict.log + "\n--- worker output ---\n" + output).strip()
-        ctx.send({"event": "result", "id": ctx.task_id, "verdict": verdict.to_json(), "restart": restart})
+        ctx.send(
+            {
+                "event": "result",
+                "id": ctx.task_id,
+                "verdict": verdict.to_json(),
+                "restart": restart,
+                "deps": dependency_file_stamps(ctx.task_deps),
+            }
+        )
     return 0
 
 

@@ -58,3 +58,36 @@ def cpu_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValidatorPool
             os.environ.pop("DICE_CACHE_DIR", None)
         else:
             os.environ["DICE_CACHE_DIR"] = old
+
+
+def copy_realproj(source: Path, dest: Path) -> Path:
+    """A copy of ``shared/data/realproj`` at ``dest`` with its ``compile_commands.json`` written from the
+    template (``{ROOT}`` = the copy, ``{PIP_CUDA_INCLUDE}`` = the pip CUDA headers; ``directory`` and
+    ``file`` made absolute), as SOURCE.md describes."""
+    import json
+    import shutil
+
+    from dice.validator.paths import pip_cuda_include_dir
+
+    shutil.copytree(source, dest)
+    pip = pip_cuda_include_dir() or "/usr/local/cuda/include"
+    entries = []
+    for entry in json.loads((dest / "compile_commands.template.json").read_text()):
+        args = [a.replace("{ROOT}", str(dest)).replace("{PIP_CUDA_INCLUDE}", pip) for a in entry["arguments"]]
+        entries.append(
+            {
+                "directory": str(dest / entry["directory"]),
+                "file": str(dest / entry["file"]),
+                "arguments": args,
+            }
+        )
+    (dest / "compile_commands.json").write_text(json.dumps(entries, indent=1))
+    return dest
+
+
+@pytest.fixture(scope="session")
+def realproj(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    source = shared_data / "realproj"
+    if not (source / "compile_commands.template.json").is_file():
+        pytest.skip("../shared/data/realproj is absent")
+    return copy_realproj(source, tmp_path_factory.mktemp("realproj") / "realproj")

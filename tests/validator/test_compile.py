@@ -65,7 +65,16 @@ def test_map_compiler_log_rewrites_lines_and_keeps_header_references() -> None:
     assert "a.cu(21): error" in mapped
     assert "/usr/include/foo.h(10): warning #177-D" in mapped
     assert "dice_device.cu(40)" in mapped
-    assert diags == [{"line": 20, "severity": "error", "message": 'identifier "y" is undefined'}]
+    assert diags == [
+        {
+            "line": 20,
+            "severity": "error",
+            "message": 'identifier "y" is undefined',
+            "column": None,
+            "source": "nvrtc",
+            "notes": [],
+        }
+    ]
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")

@@ -19,7 +19,7 @@ DESIGN_KEYS = [
 ]
 
 
-def test_to_json_has_the_design_fields_then_flags_and_diagnostics() -> None:
+def test_to_json_has_the_design_fields_then_flags_diagnostics_and_unchecked() -> None:
     v = Verdict(
         "correct",
         True,
@@ -34,7 +34,7 @@ def test_to_json_has_the_design_fields_then_flags_and_diagnostics() -> None:
         diagnostics=[{"line": 3, "severity": "error", "message": "x"}],
     )
     obj = v.to_json()
-    assert list(obj) == [*DESIGN_KEYS, "flags", "diagnostics"]
+    assert list(obj) == [*DESIGN_KEYS, "flags", "diagnostics", "unchecked"]
     assert json.loads(json.dumps(obj)) == obj
     assert Verdict.from_json(obj) == v
 
