@@ -374,7 +374,9 @@ class ValidatorPool:
                 if hit is not None:
                     self._verdicts.move_to_end(key)
             if hit is not None and stamps_current(hit[1]):
-                future.set_result(Verdict.from_json(hit[0].to_json()))
+                copy = Verdict.from_json(hit[0].to_json())
+                copy.depends = list(hit[1])
+                future.set_result(copy)
                 return future
         self._queue.put(_Task(payload, future, key, self._cache_generation))
         return future
@@ -455,9 +457,10 @@ class ValidatorPool:
                 elif event.get("event") == "result":
                     worker.tasks_done += 1
                     verdict = Verdict.from_json(event["verdict"])
+                    verdict.depends = list(event.get("deps") or [])
                     if event.get("restart") or worker.tasks_done >= self.max_tasks_per_worker:
                         self._retire(slot)
-                    return verdict, list(event.get("deps") or [])
+                    return verdict, verdict.depends
         except _WorkerGone:
             description = worker.exit_description()
             tail = worker.log_tail()

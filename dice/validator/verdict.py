@@ -61,6 +61,17 @@ class Verdict:
     flags: list[str] = field(default_factory=list)
     diagnostics: list[dict[str, Any]] = field(default_factory=list)
     unchecked: list[dict[str, Any]] = field(default_factory=list)
+    # not part of the JSON: (path, mtime_ns, size) of the project files this verdict rests on (headers nvcc
+    # read, the compile database, a dice-spec's modules), so a caller's cache can tell when it is stale
+    # (spec_files.stamps_current)
+    depends: list[list[object]] = field(default_factory=list, compare=False, repr=False)
+
+    @property
+    def current(self) -> bool:
+        """Whether every file this verdict rests on is unchanged since it was computed."""
+        from dice.validator.spec_files import stamps_current
+
+        return stamps_current(self.depends)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

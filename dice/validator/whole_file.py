@@ -166,6 +166,8 @@ def _run(
     def is_user(path: str | None) -> bool:
         if not path:
             return False
+        if user_path is None and path == display_name:  # the #line name when the file has no folder
+            return True
         full = path if os.path.isabs(path) else os.path.join(cwd, path)
         return os.path.normpath(full) in own
 
