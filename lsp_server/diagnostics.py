@@ -58,44 +58,39 @@ def malformed_mask_diagnostics(malformed: Sequence[MalformedMask]) -> list[types
 def compile_error_diagnostics(text: str, verdict: Verdict | None) -> list[types.Diagnostic]:
     """Diagnostics for the compiler messages of a verdict, on the validated file's lines.
 
-    The validator already maps compiler lines back to the file (``verdict.diagnostics``: 0-based ``line``,
-    ``severity``, ``message``); older verdicts without them fall back to the ``file(line): error`` lines of
-    the log, which the validator rewrites to file lines too. Lines outside the text land on line 0 so the
-    error stays visible.
+    The validator maps every compiler message to the file (``verdict.diagnostics``: 0-based ``line`` and
+    optional ``column``, ``severity``, ``message``, ``source`` ("nvcc", "nvrtc", "host compiler"), ``notes``
+    and, for an error inside a header, ``header`` {path, line, column}: the diagnostic then sits on the
+    ``#include`` or instantiation line of this file). Older verdicts without them fall back to the
+    ``file(line): error`` lines of the log. Lines outside the text land on line 0 so the error stays visible.
     """
     v = verdict_json(verdict)
-    entries: list[tuple[int, str, str]] = []
-    for d in v.get("diagnostics") or []:
-        if isinstance(d, dict) and isinstance(d.get("line"), int):
-            entries.append((d["line"], str(d.get("severity", "error")), str(d.get("message", "")).strip()))
+    entries = [
+        d for d in v.get("diagnostics") or [] if isinstance(d, dict) and isinstance(d.get("line"), int)
+    ]
     if not entries:
         log = "\n".join(str(part) for part in (v.get("log"), v.get("message")) if part)
-        for match in _COMPILER_LINE.finditer(log):
-            entries.append(
-                (int(match.group("line")) - 1, match.group("severity"), match.group("message").strip())
-            )
+        entries = [
+            {"line": int(m.group("line")) - 1, "severity": m.group("severity"), "message": m.group("message")}
+            for m in _COMPILER_LINE.finditer(log)
+        ]
     lines = text.splitlines() or [""]
     seen: set[tuple[int, str]] = set()
     out: list[types.Diagnostic] = []
-    for file_line, severity, message in entries:
-        if not 0 <= file_line < len(lines):
-            file_line = 0
+    for d in entries:
+        message = _message(d)
+        file_line = d["line"] if 0 <= d["line"] < len(lines) else 0
         if (file_line, message) in seen:
             continue
         seen.add((file_line, message))
-        line_text = lines[file_line]
-        indent = len(line_text) - len(line_text.lstrip())
         out.append(
             types.Diagnostic(
-                range=types.Range(
-                    start=types.Position(line=file_line, character=_utf16_len(line_text[:indent])),
-                    end=types.Position(line=file_line, character=_utf16_len(line_text)),
-                ),
+                range=_line_range(lines[file_line], file_line, d.get("column")),
                 message=message,
                 severity=types.DiagnosticSeverity.Warning
-                if severity in ("warning", "remark")
+                if d.get("severity") in ("warning", "remark")
                 else types.DiagnosticSeverity.Error,
-                source=f"{SOURCE} (nvrtc)",
+                source=f"{SOURCE} ({d.get('source') or 'nvrtc'})",
                 code="compile",
             )
         )
@@ -106,11 +101,35 @@ def compile_error_diagnostics(text: str, verdict: Verdict | None) -> list[types.
                 range=types.Range(start=origin, end=origin),
                 message=str(v.get("message") or "compilation failed"),
                 severity=types.DiagnosticSeverity.Error,
-                source=f"{SOURCE} (nvrtc)",
+                source=SOURCE,
                 code="compile",
             )
         )
     return out
+
+
+def _message(d: dict) -> str:
+    """The message, where it really is when that is a header, and the compiler's notes (instantiation
+    chains, "declared here") on the lines after it."""
+    message = str(d.get("message", "")).strip()
+    header = d.get("header")
+    if isinstance(header, dict) and header.get("path"):
+        where = f"{header['path']}:{int(header.get('line', 0)) + 1}"
+        message = f"{message} (in {where})"
+    notes = [str(n).strip() for n in d.get("notes") or [] if str(n).strip()]
+    return "\n".join([message, *notes])
+
+
+def _line_range(line_text: str, line: int, column: object) -> types.Range:
+    """From the column the compiler gave (else the first non-blank character) to the end of the line."""
+    if isinstance(column, int) and 0 <= column <= len(line_text):
+        start = column
+    else:
+        start = len(line_text) - len(line_text.lstrip())
+    return types.Range(
+        start=types.Position(line=line, character=_utf16_len(line_text[:start])),
+        end=types.Position(line=line, character=_utf16_len(line_text)),
+    )
 
 
 def _utf16_len(s: str) -> int:

@@ -144,6 +144,13 @@ class DiceSession:
                 else:
                     self.set_status("ready", self._ready_message())
 
+    def _workspace_root(self) -> str | None:
+        """The client's workspace folder (the include path of last resort for the compile check)."""
+        try:
+            return self.ls.workspace.root_path or None
+        except Exception:  # noqa: BLE001 - not initialised yet, or a client with no workspace
+            return None
+
     def stats(self) -> dict[str, int]:
         """Work done so far (the ``dice/stats`` request): the service's counters (model calls, validations,
         cache hits; zero before a service exists) and suggestions served by typing through one."""
@@ -282,7 +289,9 @@ class DiceSession:
 
             # Constructing the service is cheap; loading the model is not and may fail (bad path). The
             # service still validates kernels without a model, so it is kept for that.
-            service = self._validation_only = AssistantService(settings)
+            service = self._validation_only = AssistantService(
+                settings, workspace_root=self._workspace_root()
+            )
             problem = choice.problem("dice.modelPath")
             if problem:  # said at once, before the engine (and torch) is imported for nothing
                 raise FileNotFoundError(problem)

@@ -25,9 +25,10 @@ from dice.assistant.ranking import rank
 from dice.assistant.request import Request
 from dice.assistant.settings import AssistantSettings
 from dice.assistant.types import Candidate, DocumentCompletion, MaskCompletion
-from dice.assistant.validation import Validation, verdict_context
+from dice.assistant.validation import Validation, build_options, verdict_context
 from dice.cuda_source import CudaDocument, Mask, TextEdit, splice
 from dice.cuda_source.positions import decode_bytes, encode_text
+from dice.validator.verdict import mark_unchecked
 
 if TYPE_CHECKING:
     from dice.validator import Verdict
@@ -61,6 +62,7 @@ class FillPipeline:
         self.model = model
         self.validation = validation
         self.stats = stats
+        self.workspace_root: str | None = None  # the editor's workspace: include path of last resort
         self.documents: LRU[str, DocumentCompletion] = LRU(
             cache_size, max_weight=DOCUMENT_CACHE_BYTES, weight=_completion_size
         )
@@ -95,10 +97,10 @@ class FillPipeline:
             s.decode_key(),
             s.validation_level,
             self.model.key(),
-            verdict_context(text, filename),
+            verdict_context(text, filename, build_options(s, self.workspace_root)),
         )
         cached = self.documents.get(key)
-        if cached is not None:
+        if cached is not None and _verdicts_current(cached):
             self.stats["document_cache_hits"] += 1
             return dataclasses.replace(cached, from_cache=True)
 
@@ -182,6 +184,7 @@ class FillPipeline:
         filename: str | Path | None,
     ) -> tuple[list[MaskCompletion], dict[int, str], Verdict | None]:
         level = self.settings.validation_level
+        build = build_options(self.settings, self.workspace_root)
         chosen: dict[int, str] = {}
         results: list[MaskCompletion] = []
         total_checks = sum(len(f) for f in fills)
@@ -200,8 +203,17 @@ class FillPipeline:
                     others[h.index] = fills[j][0].text
             texts = [splice_holes(doc, holes, {**others, hole.index: f.text})[0] for f in fills[i]]
             verdicts = await self.validation.texts(
-                request, texts, level=level, filename=filename, done_before=checks_done, total=total_checks
+                request,
+                texts,
+                level=level,
+                filename=filename,
+                build=build,
+                done_before=checks_done,
+                total=total_checks,
             )
+            # a fill in code no compiler type-checked (a template nothing instantiates ...) says so
+            line = _hole_line(doc, holes, others, hole)
+            verdicts = [None if v is None else mark_unchecked(v, line) for v in verdicts]
             checks_done += len(texts)
             keep = [k for k in range(len(texts)) if level == "none" or verdicts[k] is not None]
             if len(keep) < len(texts):
@@ -382,6 +394,23 @@ def splice_holes(doc: CudaDocument, holes: list[Hole], fills: dict[int, str]) ->
         return decode_bytes(new), [TextEdit(range=rng, new_text=fills[-1])]
     result = splice(doc.text, fills, doc=doc)
     return result.text, list(result.edits)
+
+
+def _hole_line(doc: CudaDocument, holes: list[Hole], others: dict[int, str], hole: Hole) -> int:
+    """The 0-based line where ``hole``'s fill starts in the text spliced with ``others`` (the other holes'
+    fills shift it by the line breaks they add or remove)."""
+    data = doc.data
+    line = data.count(b"\n", 0, hole.start_byte)
+    for h in holes:
+        if h.index in others and h.end_byte <= hole.start_byte:
+            line += others[h.index].count("\n") - data.count(b"\n", h.start_byte, h.end_byte)
+    return line
+
+
+def _verdicts_current(completion: DocumentCompletion) -> bool:
+    """Whether no file the completion's verdicts rest on (headers, database, spec modules) changed."""
+    verdicts = [c.verdict for m in completion.masks for c in m.candidates] + [completion.best_verdict]
+    return all(v is None or v.current for v in verdicts)
 
 
 def hole_of(mask: Mask) -> Hole:

@@ -24,7 +24,7 @@ from dice.assistant.request import ProgressCallback, Request
 from dice.assistant.rules import implicit_mask_at
 from dice.assistant.settings import PROGRAM_MAX_NEW_TOKENS, AssistantSettings
 from dice.assistant.types import DocumentCompletion, ModelInfo, RankedProgram
-from dice.assistant.validation import Validation
+from dice.assistant.validation import Validation, build_options
 from dice.cuda_source import CudaDocument, parse_document
 
 if TYPE_CHECKING:
@@ -43,7 +43,9 @@ class AssistantService:
     already holds them); the service then does not close what it did not create.
 
     ``filename`` arguments name the user's file: its base name is what compiler logs call it, and when it is
-    a path its folder is where a dice-spec imports sibling modules from. None: the validator's "kernel.cu".
+    a path its folder is where its compile command is looked for, its relative includes resolve and a
+    dice-spec imports sibling modules from. None: the validator's "kernel.cu". ``workspace_root``: the
+    editor's workspace folder, on the include path when no compile command knows the file.
     """
 
     def __init__(
@@ -53,12 +55,14 @@ class AssistantService:
         engine: InferenceEngine | None = None,
         validator: ValidatorPool | None = None,
         cache_size: int = 64,
+        workspace_root: str | None = None,
     ) -> None:
         # counts work actually done (not served from cache); tests, benchmarks and dice/stats read them
         self.stats: dict[str, int] = {"engine_calls": 0, "validations": 0, "document_cache_hits": 0}
         self._model = ModelOwner(settings or AssistantSettings(), engine)
         self._validation = Validation(validator, cache_size=cache_size * 16, stats=self.stats)
         self._fills = FillPipeline(self._model, self._validation, cache_size=cache_size, stats=self.stats)
+        self._fills.workspace_root = workspace_root
         self._programs = ProgramGenerator(
             self._model, self._validation, cache_size=cache_size, stats=self.stats
         )
@@ -190,7 +194,8 @@ class AssistantService:
     async def validate_document(self, text: str, *, filename: FileName = None) -> Verdict:
         """Compile the file's device code; run and time it against its dice-spec when there is a GPU."""
         run = self.settings.validation_level != "compile"
-        return await self._validation.document(text, run=run, filename=filename)
+        build = build_options(self.settings, self._fills.workspace_root)
+        return await self._validation.document(text, run=run, filename=filename, build=build)
 
     def close(self) -> None:
         if self._closed:

@@ -16,7 +16,9 @@ from dice.assistant.caches import LRU, digest
 from dice.assistant.request import Request
 
 if TYPE_CHECKING:
+    from dice.assistant.settings import AssistantSettings
     from dice.validator import ValidatorPool, Verdict
+    from dice.validator.build_flags import BuildOptions
 
 
 class Validation:
@@ -62,6 +64,7 @@ class Validation:
         *,
         level: str,
         filename: str | Path | None,
+        build: BuildOptions | None = None,
         done_before: int,
         total: int,
     ) -> list[Verdict | None]:
@@ -70,16 +73,17 @@ class Validation:
         if level == "none":
             return [None] * len(texts)
         # the same text under another name gets its own verdict: the log names the file
-        context = verdict_context(texts[0], filename) if texts else None
+        context = verdict_context(texts[0], filename, build) if texts else None
         keys = [digest("verdict", t, level, context) for t in texts]
-        verdicts: list[Verdict | None] = [self._verdicts.get(k) for k in keys]
+        # a cached verdict whose headers (or database, or spec modules) changed since is computed again
+        verdicts: list[Verdict | None] = [_current(self._verdicts.get(k)) for k in keys]
         missing = [i for i, v in enumerate(verdicts) if v is None]
         if not missing:
             return verdicts
         pool = await asyncio.to_thread(self.pool)
         futures: list[concurrent.futures.Future[Verdict] | None] = [None] * len(texts)
         for i in missing:
-            futures[i] = pool.submit_cu(texts[i], run=(level == "run"), **file_kwargs(filename))
+            futures[i] = pool.submit_cu(texts[i], run=(level == "run"), build=build, **file_kwargs(filename))
         fresh = await self.wait(
             request,
             futures,
@@ -105,9 +109,11 @@ class Validation:
             request, futures, [None] * len(sources), required=set(), label="validating programs"
         )
 
-    async def document(self, text: str, *, run: bool, filename: str | Path | None) -> Verdict:
+    async def document(
+        self, text: str, *, run: bool, filename: str | Path | None, build: BuildOptions | None = None
+    ) -> Verdict:
         pool = await asyncio.to_thread(self.pool)
-        future = pool.submit_cu(text, run=run, **file_kwargs(filename))
+        future = pool.submit_cu(text, run=run, build=build, **file_kwargs(filename))
         self._stats["validations"] += 1
         return await asyncio.wrap_future(future)
 
@@ -171,15 +177,41 @@ class Validation:
             pool.close()
 
 
-def verdict_context(text: str, filename: str | Path | None) -> tuple[Any, ...]:
-    """What a verdict of ``text`` rests on besides the text, for cache keys: the file's base name (compiler
-    logs name it) and the stamps of the files its dice-spec imports (none without a spec: then the folder
-    does not matter)."""
+def verdict_context(
+    text: str, filename: str | Path | None, build: BuildOptions | None = None
+) -> tuple[Any, ...]:
+    """What a verdict of ``text`` rests on besides the text, for cache keys: the file's path (its name is in
+    the compiler log; its folder finds the compile command and resolves relative includes), the build
+    options, the stamps of the compile database and of the files the dice-spec imports. The headers nvcc
+    read are checked on every cache hit instead (``Verdict.depends``)."""
+    from dice.validator.compdb import database_stamps
     from dice.validator.spec_files import dependency_stamps
 
     kwargs = file_kwargs(filename)
-    base = kwargs.get("filename")
-    return (base, dependency_stamps(text, kwargs.get("folder"), base or "kernel.cu"))
+    base, folder = kwargs.get("filename"), kwargs.get("folder")
+    explicit = build.compile_commands if build is not None else None
+    return (
+        None if filename is None else str(filename),
+        None if build is None else build.to_json(),
+        dependency_stamps(text, folder, base or "kernel.cu"),
+        database_stamps(folder, explicit),
+    )
+
+
+def build_options(settings: AssistantSettings, workspace_root: str | None) -> BuildOptions:
+    """The validator's build options from the user's settings (compileCommands, includePaths, defines)."""
+    from dice.validator.build_flags import BuildOptions
+
+    return BuildOptions(
+        compile_commands=settings.compile_commands or None,
+        include_paths=settings.include_paths,
+        defines=settings.defines,
+        workspace_root=workspace_root,
+    )
+
+
+def _current(verdict: Verdict | None) -> Verdict | None:
+    return verdict if verdict is not None and verdict.current else None
 
 
 def file_kwargs(filename: str | Path | None) -> dict[str, Any]:

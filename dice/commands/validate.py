@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dice.commands.common import CliError, read_text_file
+from dice.commands.console import add_build_arguments
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -53,6 +54,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="seconds a build may take (default 900; a cold load_inline build takes ~1 min)",
     )
     parser.add_argument("--log", action="store_true", help="print the full compiler/run log")
+    add_build_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -68,6 +70,7 @@ def _wait(future: Any, label: str, *, quiet: bool) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from dice.validator import InvalidReference, ValidatorPool
+    from dice.validator.build_flags import BuildOptions
 
     files: list[Path] = args.files
     if len(files) == 1:
@@ -75,7 +78,19 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"{files[0]}: expected a .cu/.cuh file, or two files REF.py CANDIDATE.py")
         text = read_text_file(files[0])
         with ValidatorPool(1, timeout_s=args.timeout, build_timeout_s=args.build_timeout) as pool:
-            future = pool.submit_cu(text, run=not args.compile_only, filename=str(files[0]))
+            build = BuildOptions(
+                compile_commands=args.compile_commands or None,
+                include_paths=tuple(args.include_paths),
+                defines=tuple(args.defines),
+                workspace_root=str(Path.cwd()),
+            )
+            future = pool.submit_cu(
+                text,
+                run=not args.compile_only,
+                filename=files[0].name,
+                folder=files[0].resolve().parent,
+                build=build,
+            )
             verdict = _wait(future, f"validating {files[0].name}", quiet=args.json)
     elif len(files) == 2:
         ref_src, cand_src = read_text_file(files[0]), read_text_file(files[1])

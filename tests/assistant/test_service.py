@@ -121,8 +121,10 @@ async def test_compiler_logs_name_the_users_file(scripted_engine_factory, valida
     assert "kernel.cu(6): error" in default.best_verdict.log
     assert "tiled_matmul.cu(6): error" in named.best_verdict.log and "kernel.cu" not in named.best_verdict.log
     assert "/some/dir" not in named.best_verdict.log  # the base name only
-    again = await service.complete_document(TWO_MASKS, filename="tiled_matmul.cu")
-    assert again.from_cache and again.best_verdict is not None
+    again = await service.complete_document(TWO_MASKS, filename="/some/dir/tiled_matmul.cu")
+    assert again.from_cache and again.best_verdict is not None  # same file: served from the cache
+    # the same name in another folder is another file (its compile command and includes differ)
+    assert not (await service.complete_document(TWO_MASKS, filename="tiled_matmul.cu")).from_cache
     assert "tiled_matmul.cu(6)" in again.best_verdict.log
 
     verdict = await service.validate_document(named.best_text, filename="tiled_matmul.cu")

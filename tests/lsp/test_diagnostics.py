@@ -108,5 +108,7 @@ async def test_compile_errors_map_to_file_lines(client: LanguageClient, tmp_path
     assert [d.range.start.line for d in errors] == [11]  # `y[i] = undefined_name * 2.0f;`
     assert "undefined_name" in errors[0].message
     assert errors[0].severity == types.DiagnosticSeverity.Error
-    assert errors[0].range == types.Range(start=types.Position(11, 4), end=types.Position(11, 33))
+    # from the compiler's column (`undefined_name`) to the end of the line, labelled with its tool
+    assert errors[0].range == types.Range(start=types.Position(11, 11), end=types.Position(11, 33))
+    assert errors[0].source in ("dice (nvcc)", "dice (nvrtc)")
     assert any("compiled ✗" in m.message for m in client.messages)
