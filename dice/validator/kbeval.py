@@ -34,9 +34,11 @@ class Problem:
 
 
 def find_problems_file(explicit: str | Path | None = None) -> Path:
-    """``explicit``, ``$DICE_KERNELBENCH_PROBLEMS``, or the shared data copy beside the checkout.
+    """``explicit``, ``$DICE_KERNELBENCH_PROBLEMS``, ``$DICE_SHARED_DATA/kernelbench/problems.jsonl``, or
+    ``shared/data/kernelbench/problems.jsonl`` in or beside the checkout, the working folder or one of its
+    ancestors.
 
-    Raises ``FileNotFoundError`` with a message saying where to get one.
+    Raises ``FileNotFoundError`` with a message saying where it looked and where to get one.
     """
     if explicit is not None:
         path = Path(explicit)
@@ -48,15 +50,32 @@ def find_problems_file(explicit: str | Path | None = None) -> Path:
         if not Path(env).is_file():
             raise FileNotFoundError(f"${PROBLEMS_ENV}={env}: no such file")
         return Path(env)
-    root = Path(__file__).resolve().parents[2]
-    for base in (root.parent / "shared" / "data", root / "shared" / "data", Path.cwd() / "shared" / "data"):
-        path = base / "kernelbench" / "problems.jsonl"
+    looked = [str(p) for p in problems_file_candidates()]
+    for path in problems_file_candidates():
         if path.is_file():
             return path
     raise FileNotFoundError(
         "no KernelBench problems file: pass --problems-file FILE.jsonl (one JSON object per line with level, "
-        f"problem_id, name, code; e.g. built from ScalingIntelligence/KernelBench) or set ${PROBLEMS_ENV}"
+        f"problem_id, name, code; e.g. built from ScalingIntelligence/KernelBench) or set ${PROBLEMS_ENV} "
+        f"(looked in: {', '.join(looked)})"
     )
+
+
+def problems_file_candidates() -> list[Path]:
+    """Where :func:`find_problems_file` looks without an explicit file, in order, each once."""
+    bases: list[Path] = []
+    shared = os.environ.get("DICE_SHARED_DATA")
+    if shared:
+        bases.append(Path(shared))
+    root = Path(__file__).resolve().parents[2]
+    for folder in (root, *[Path.cwd(), *Path.cwd().parents]):
+        bases += [folder / "shared" / "data", folder.parent / "shared" / "data"]
+    out: list[Path] = []
+    for base in bases:
+        path = base / "kernelbench" / "problems.jsonl"
+        if path not in out:
+            out.append(path)
+    return out
 
 
 def load_problems(path: Path) -> list[Problem]:

@@ -183,3 +183,28 @@ def test_eval_with_a_model_saves_its_generations(
         == 2
     )
     assert "cannot load the model" in capsys.readouterr().err
+
+
+def test_problems_file_found_through_shared_data_and_ancestors(tmp_path, monkeypatch) -> None:
+    from dice.validator.kbeval import PROBLEMS_ENV, find_problems_file
+
+    monkeypatch.delenv(PROBLEMS_ENV, raising=False)
+    data = tmp_path / "elsewhere" / "kernelbench"
+    data.mkdir(parents=True)
+    (data / "problems.jsonl").write_text("{}\n")
+    monkeypatch.setenv("DICE_SHARED_DATA", str(tmp_path / "elsewhere"))
+    assert find_problems_file() == data / "problems.jsonl"
+
+    monkeypatch.delenv("DICE_SHARED_DATA")
+    project = tmp_path / "proj"
+    nested = project / "a" / "b"
+    nested.mkdir(parents=True)
+    shared = project / "shared" / "data" / "kernelbench"
+    shared.mkdir(parents=True)
+    (shared / "problems.jsonl").write_text("{}\n")
+    monkeypatch.chdir(nested)
+    found = find_problems_file()
+    # the checkout's own ../shared wins when it exists (it is looked at first); else the ancestor's
+    assert found.is_file() and found.name == "problems.jsonl"
+    if not (Path(__file__).resolve().parents[2].parent / "shared" / "data" / "kernelbench").is_dir():
+        assert found == shared / "problems.jsonl"
