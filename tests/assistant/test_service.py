@@ -10,6 +10,7 @@ import pytest
 
 from dice.assistant import AssistantService, AssistantSettings, Progress
 from dice.cuda_source import parse_document
+from dice.validator.verdict import FLAG_FILL_NOT_CHECKED, verdict_label
 
 from .conftest import BAD_SCALE, GOOD_SCALE, GOOD_SQUARE, TWO_MASKS, CountingEngine
 
@@ -383,3 +384,33 @@ async def test_cursor_in_host_code_is_not_a_hole(scripted_engine_factory) -> Non
     kernel = text.index("{\n    ", host) + 6
     assert (await service.complete_at(text, host)).masks == [] and engine.requests == []
     assert len((await service.complete_at(text, kernel)).masks) == 1
+
+
+TEMPLATE_HOLE = """\
+template <typename T>
+__global__ void unrolled(T* y) {
+    /* <MASK> */
+}
+"""
+
+
+async def test_a_fill_in_a_template_nothing_instantiates_is_not_checked(
+    scripted_engine_factory, validator_pool
+) -> None:
+    # nothing instantiates `unrolled`: its syntax is checked, its types never are, so a fill that is only
+    # wrong once T is known is "not checked", never "compiled ✓"
+    async def verdict_of(fill: str) -> Any:
+        engine = scripted_engine_factory(lambda p, s, n, t: [(fill, 0.9)])
+        settings = AssistantSettings(candidates=1, validation_level="compile")
+        service = AssistantService(settings, engine=engine, validator=validator_pool)
+        result = await service.complete_document(TEMPLATE_HOLE, filename="unrolled.cu")
+        return result.masks[0].candidates[0].verdict
+
+    syntax = await verdict_of("for for for ;")
+    assert syntax is not None and syntax.status == "compile_error"
+    typed = await verdict_of("y[0] = T::no_such_member(y);")
+    assert typed is not None and typed.status == "compiled"
+    assert FLAG_FILL_NOT_CHECKED in typed.flags
+    assert typed.message.startswith("fill not checked: template never instantiated")
+    assert verdict_label(typed).startswith("not checked (template never instantiated)")
+    assert "compiled ✓" not in verdict_label(typed)
