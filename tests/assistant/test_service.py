@@ -407,7 +407,9 @@ async def test_a_fill_in_a_template_nothing_instantiates_is_not_checked(
         return result.masks[0].candidates[0].verdict
 
     syntax = await verdict_of("for for for ;")
-    assert syntax is not None and syntax.status == "compile_error"
+    assert syntax is not None
+    # nvcc parses the template and finds the syntax error; NVRTC alone does not parse it: not checked
+    assert syntax.status == "compile_error" or FLAG_FILL_NOT_CHECKED in syntax.flags
     typed = await verdict_of("y[0] = T::no_such_member(y);")
     assert typed is not None and typed.status == "compiled"
     assert FLAG_FILL_NOT_CHECKED in typed.flags
