@@ -7,10 +7,10 @@ a summary table, ``summary.json`` and a speedup plot. Re-running with the same `
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -221,17 +221,19 @@ def _validate(
     todo: list[tuple[Any, int]],
     sink: Any,
 ) -> list[dict[str, Any]]:
-    """Validate every (problem, sample) of ``todo`` on ``pool``, at most two per worker in flight; each
-    record is appended to ``sink`` as it finishes (so an interrupted run resumes). Returns the records."""
+    """Validate every (problem, sample) of ``todo`` on ``pool`` through ``validate_many`` (at most two per
+    worker in flight; programs are generated or read only as room frees up); each record is appended to
+    ``sink`` as it finishes (so an interrupted run resumes). Returns the records."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dice.validator import InvalidReference, Verdict
+    from dice.validator.batch import BatchStats, BatchTask, validate_many
+    from dice.validator.reference import check_reference
 
     records: list[dict[str, Any]] = []
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), console=console, transient=False) as progress:
         bar = progress.add_task("validating", total=len(todo))
-        pending: dict[concurrent.futures.Future[Verdict], dict[str, Any]] = {}
 
         def record(meta: dict[str, Any], verdict: Verdict) -> None:
             rec = {**meta, "verdict": verdict.to_json()}
@@ -241,34 +243,33 @@ def _validate(
             progress.advance(bar)
             progress.update(bar, description=f"L{meta['level']}/{meta['problem_id']}: {verdict.status}")
 
-        def drain(limit: int) -> None:
-            while len(pending) > limit:
-                finished, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
-                for fut in finished:
-                    record(pending.pop(fut), fut.result())
+        def tasks() -> Iterator[BatchTask]:
+            for problem, sample in todo:
+                meta = {"level": problem.level, "problem_id": problem.problem_id, "name": problem.name}
+                meta["sample"] = sample
+                progress.update(bar, description=f"L{problem.level}/{problem.problem_id} sample {sample}")
+                program, source = generator.program(problem, sample)
+                meta["source"] = source
+                if program is None:
+                    record(meta, Verdict("compile_error", False, message=f"no program: {source} is missing"))
+                    continue
+                try:
+                    check_reference(problem.code)
+                except InvalidReference as exc:
+                    console.print(
+                        f"[yellow]skipping level {problem.level} problem {problem.problem_id}: {exc}[/]"
+                    )
+                    progress.advance(bar)
+                    continue
+                yield BatchTask(
+                    problem.code, program, strict=args.strict, timing=not args.no_timing, key=meta
+                )
 
-        for problem, sample in todo:
-            meta = {"level": problem.level, "problem_id": problem.problem_id, "name": problem.name}
-            meta["sample"] = sample
-            progress.update(bar, description=f"L{problem.level}/{problem.problem_id} sample {sample}")
-            program, source = generator.program(problem, sample)
-            meta["source"] = source
-            if program is None:
-                record(meta, Verdict("compile_error", False, message=f"no program: {source} is missing"))
-                continue
-            try:
-                future = pool.submit_kernelbench(
-                    problem.code, program, strict=args.strict, timing=not args.no_timing
-                )
-            except InvalidReference as exc:
-                console.print(
-                    f"[yellow]skipping level {problem.level} problem {problem.problem_id}: {exc}[/]"
-                )
-                progress.advance(bar)
-                continue
-            pending[future] = meta
-            drain(2 * pool.workers)
-        drain(0)
+        stats = BatchStats()
+        for task, verdict in validate_many(pool, tasks(), stats=stats):
+            record(task.key, verdict)
+    if stats.finished:
+        console.print(f"validated: {stats.describe()}")
     return records
 
 
