@@ -112,9 +112,7 @@ def static_guards(src: str, info: CandidateInfo) -> list[GuardHit]:
         hits.append(GuardHit("no_custom_kernel", "CUDA source is never compiled (no load_inline/load call)"))
 
     for node in ast.walk(tree):
-        if isinstance(node, ast.Try) and not all(
-            isinstance(s, (ast.Import, ast.ImportFrom)) for s in node.body
-        ):
+        if isinstance(node, ast.Try) and not all(_setup_statement(s) for s in node.body):
             hits.append(
                 GuardHit("torch_fallback", "try/except around the computation (a fallback path)", node.lineno)
             )
@@ -160,6 +158,28 @@ def static_guards(src: str, info: CandidateInfo) -> list[GuardHit]:
 
 
 # ----------------------------------------------------------------------------------------------- helpers
+def _setup_statement(stmt: ast.stmt) -> bool:
+    """A statement of a ``try`` body that is set-up, not computation: an import, a build of the extension
+    (``ext = load_inline(...)``, ``self.ext = load(...)``), or a constant or name assigned beside it
+    (``self.use_cuda = True``).
+
+    A try around the *build* alone is not a fallback path the guard has to refuse: in the validator the build
+    either succeeds (and the except never runs) or fails and is swallowed, and then no custom kernel runs,
+    which the dynamic ``kernel_never_called`` guard rejects. A ``try`` around the forward computation (or
+    around a build together with anything else) stays a ``torch_fallback``.
+    """
+    if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.Pass)):
+        return True
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.Expr)):
+        value = stmt.value
+        if value is None or isinstance(value, (ast.Constant, ast.Name)):
+            return not isinstance(stmt, ast.Expr)
+        while isinstance(value, ast.Attribute):  # load_inline(...).forward
+            value = value.value
+        return isinstance(value, ast.Call) and _call_name(value) in BUILD_CALLS
+    return False
+
+
 def _call_name(call: ast.Call) -> str | None:
     func = call.func
     if isinstance(func, ast.Attribute):

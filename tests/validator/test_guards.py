@@ -111,3 +111,23 @@ def test_speedup_over_10x_is_flagged() -> None:
     assert speedup_flags(12.0)[0] == ["speedup_over_10x"]
     assert speedup_flags(9.9) == ([], "")
     assert speedup_flags(None) == ([], "")
+
+
+def _guarded_build(try_body: str) -> str:
+    """The honest ReLU candidate with its build inside ``try`` (CUDA-L1 writes them so)."""
+    src = candidate("level1_19_relu.py")
+    start = src.index("relu_ext = load_inline(")
+    end = src.index(")\n", src.index("verbose=False", start)) + 2
+    build = src[start:end]
+    body = try_body.replace("BUILD", build.replace("\n", "\n    ").rstrip())
+    return src[:start] + f"try:\n    {body}\nexcept Exception:\n    relu_ext = None\n" + src[end:]
+
+
+def test_a_try_around_the_build_alone_is_not_a_fallback_path() -> None:
+    # if the build failed in the validator the except would leave no kernel to launch, which the dynamic
+    # kernel_never_called guard rejects; the static guard only refuses a try around computation
+    src = _guarded_build("USE_CUDA = True\n    BUILD")
+    assert "torch_fallback" not in guards_of(src), src
+    mixed = _guarded_build("BUILD\n    relu_ext.relu_forward(torch.ones(4, device='cuda'), 4)")
+    assert "torch_fallback" in guards_of(mixed)
+    assert "torch_fallback" in guards_of(candidate("adv_try_fallback.py"))
