@@ -1,11 +1,16 @@
 """The KernelBench path, run inside a worker.
 
-Protocol (KernelBench's, made stricter): ``Model`` and ``ModelNew`` are built from the same seed and init
-inputs; 5 correctness trials with fresh seeded inputs (written into the same buffers, so a cache keyed on
-pointers is caught); shape/dtype check and ``allclose`` at 1e-2 (``strict``: 1e-4); then CUDA-event timing of
-both (3 warm-up calls, 100 trials, L2 flushed before each, inputs rotated), the eager reference timed live in
-the same run. Inputs are generated on the GPU under ``torch.device("cuda")`` (CPU generation of KernelBench's
-multi-GB inputs takes seconds per trial); dtypes are kept, so integer inputs stay integers.
+Protocol (KernelBench's, made stricter): ``Model`` and ``ModelNew`` are built as KernelBench builds them, on
+the CPU, each after ``torch.manual_seed(42)``, from the same init inputs, then moved to the GPU
+(:mod:`dice.validator.kbsetup`); 5 correctness trials with fresh seeded inputs (written into the same
+buffers, so a cache keyed on pointers is caught); shape/dtype check, ``allclose`` at 1e-2 (``strict``: 1e-4)
+and the degenerate-output check of :func:`dice.validator.gpu.compare_outputs` (a constant, all-zero or far
+too small output fails even inside the tolerance); then CUDA-event timing of both (3 warm-up calls, 100
+trials, L2 flushed before each, inputs rotated), the eager reference timed live in the same run. Inputs are
+drawn on the CPU under the trial's seed and moved, as KernelBench does, except large ones (over
+``kbsetup.CPU_INPUT_ELEMENTS`` elements: CPU generation of KernelBench's multi-GB inputs takes seconds per
+trial), which are drawn on the GPU under the same seed; the log says which. Dtypes are kept, so integer
+inputs stay integers.
 
 The pieces live beside this module: builds and the extension cache in :mod:`dice.validator.builds`, the check
 without a GPU in :mod:`dice.validator.kbstatic`, the static guards in :mod:`dice.validator.guards` and the
@@ -26,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from dice.validator.builds import built_kernel_names, cached_extension_builds, describe_builds, import_source
 from dice.validator.guards import analyze_candidate, static_guards
+from dice.validator.kbsetup import SEED, construct_models, generate_inputs
 from dice.validator.kbstatic import static_compile_check
 from dice.validator.paths import source_hash
 from dice.validator.reference import check_reference
@@ -50,7 +56,6 @@ from dice.validator.verdict import (
 if TYPE_CHECKING:
     from dice.validator.context import WorkerContext
 
-SEED = 42
 CORRECTNESS_TRIALS = 5
 WARMUP = 3
 TIMING_TRIALS = 100
@@ -100,9 +105,10 @@ def _run_on_gpu(
     built = _build_models(ctx, ref_src, cand_src, task_dir, key, device, records)
     if isinstance(built, Verdict):
         return built, True
-    ref, model, model_new = built
+    ref, model, model_new, construction = built
     del built
     build_log = f"{describe_builds(records)}; build+import {time.perf_counter() - build_start:.1f} s"
+    build_log += f"\n{construction}"
     verdict = first_rejection(Replaced("importing the candidate", ctx.integrity.violations()))
     if verdict is not None:
         return verdict, True
@@ -134,11 +140,10 @@ def _build_models(
     key: str,
     device: Any,
     records: list[dict[str, Any]],
-) -> tuple[ModuleType, Any, Any] | Verdict:
+) -> tuple[ModuleType, Any, Any, str] | Verdict:
     """Import the reference and the candidate (building its extensions) and construct ``Model`` and
-    ``ModelNew`` from the same seed and init inputs; the failure's verdict when one step fails."""
-    import torch
-
+    ``ModelNew`` as KernelBench does (:func:`dice.validator.kbsetup.construct_models`): ``(reference module,
+    model, model_new, construction log line)``, or the failure's verdict when one step fails."""
     stage = "importing the reference"
     try:
         ref = import_source(ref_src, task_dir / "reference.py", f"dice_ref_{key}")
@@ -154,32 +159,17 @@ def _build_models(
             stage = "building the candidate (import, load_inline)"
             cand = import_source(cand_src, task_dir / "candidate.py", f"dice_cand_{key}")
             stage = "constructing Model and ModelNew"
-            with torch.device(device):
-                torch.manual_seed(SEED)
-                init_inputs = list(ref.get_init_inputs())
-                torch.manual_seed(SEED)
-                model = ref.Model(*init_inputs).to(device).eval()
-                torch.manual_seed(SEED)
-                model_new = cand.ModelNew(*init_inputs).to(device).eval()
+            model, model_new, construction = construct_models(ref, cand, device, SEED)
     except Exception as exc:  # noqa: BLE001 - a build or import failure is the candidate's compile error
         log = traceback.format_exc()
         status = "compile_error" if stage.startswith("building") else "runtime_error"
         return Verdict(status, status != "compile_error", message=f"{stage} failed: {_short(exc)}", log=log)
-    return ref, model, model_new
+    return ref, model, model_new, construction
 
 
 def _short(exc: BaseException, limit: int = 600) -> str:
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= limit else text[:limit] + " ..."
-
-
-def _generate_inputs(ref: ModuleType, device: Any, seed: int) -> list[Any]:
-    import torch
-
-    torch.manual_seed(seed)
-    with torch.device(device):
-        inputs = list(ref.get_inputs())
-    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
 def _check_and_time(
@@ -194,13 +184,15 @@ def _check_and_time(
 ) -> Verdict:
     """Correctness trials, the kernel-launch check, then timing; the first guard that fires decides."""
     atol, rtol = (STRICT_ATOL, STRICT_RTOL) if strict else (ATOL, RTOL)
-    failed, inputs, worst = _correctness_trials(ref, model, model_new, device, atol, rtol)
+    failed, inputs, worst, drawn = _correctness_trials(ref, model, model_new, device, atol, rtol)
     if failed is not None:
+        failed.log = f"{drawn}\n{failed.log}".strip()
         return failed
     flags: list[str] = []
     log: list[str] = [
+        drawn,
         f"correctness: {CORRECTNESS_TRIALS} trials passed at atol={atol:g} rtol={rtol:g}, "
-        f"max abs err {worst:.3g}"
+        f"max abs err {worst:.3g}",
     ]
     never_called = _launch_check(model_new, inputs, kernel_names, flags, log)
     if never_called is not None:
@@ -220,8 +212,9 @@ def _check_and_time(
 
 def _correctness_trials(
     ref: ModuleType, model: Any, model_new: Any, device: Any, atol: float, rtol: float
-) -> tuple[Verdict | None, list[Any], float]:
-    """(the verdict of the first trial that fails or None, the inputs of the last trial, worst abs error)."""
+) -> tuple[Verdict | None, list[Any], float, str]:
+    """(the verdict of the first trial that fails or None, the inputs of the last trial, worst abs error,
+    the log line saying where the inputs were drawn)."""
     from dice.validator.gpu import compare_outputs
 
     rng = random.Random(SEED)
@@ -229,13 +222,19 @@ def _correctness_trials(
     inputs: list[Any] | None = None
     previous: tuple[Any, Any] | None = None
     worst = 0.0
+    drawn: list[str] = []
     for number, seed in enumerate(seeds, 1):
-        inputs = _refill(inputs, _generate_inputs(ref, device, seed))
+        fresh, where_drawn = generate_inputs(ref, device, seed)
+        if where_drawn not in drawn:
+            drawn.append(where_drawn)
+        inputs = _refill(inputs, fresh)
+        del fresh
         trial = _observe_trial(model, model_new, inputs, previous, device.type)
         where = f" (trial {number})"
+        line = "inputs: " + "; ".join(drawn)
         verdict = first_rejection(trial, where=where)
         if verdict is not None:
-            return verdict, inputs, worst
+            return verdict, inputs, worst, line
         cmp = compare_outputs(trial.new_out, trial.ref_out, atol=atol, rtol=rtol)
         if not cmp.correct:
             return (
@@ -248,12 +247,13 @@ def _correctness_trials(
                 ),
                 inputs,
                 worst,
+                line,
             )
         worst = max(worst, cmp.max_abs_err or 0.0)
         previous = (clone(trial.new_out), clone(trial.ref_out))
         del trial
     assert inputs is not None
-    return None, inputs, worst
+    return None, inputs, worst, "inputs: " + "; ".join(drawn)
 
 
 def _refill(inputs: list[Any] | None, fresh: list[Any]) -> list[Any]:
@@ -353,7 +353,7 @@ def _timed_verdict(
     input_bytes = sum(x.numel() * x.element_size() for x in tensors(inputs))
     free, _ = torch.cuda.mem_get_info()
     if input_bytes * 3 < free * 0.3:
-        arg_sets += [_generate_inputs(ref, device, SEED + k) for k in (101, 202)]
+        arg_sets += [generate_inputs(ref, device, SEED + k)[0] for k in (101, 202)]
     flush = L2Flusher(device)
     ref_t = time_cuda(model, arg_sets, warmup=WARMUP, trials=TIMING_TRIALS, flush=flush)
     new_t = time_cuda(model_new, arg_sets, warmup=WARMUP, trials=TIMING_TRIALS, flush=flush)
