@@ -1,10 +1,13 @@
 """The ``.cu`` path, run inside a worker: the compile checks (:mod:`dice.validator.cu_compile`: NVRTC on the
 device code, nvcc on the whole file with the project's flags), and with a ``dice-spec`` plus a GPU: inputs,
-launch, reference, comparison and timing."""
+launch, reference, comparison and timing. Correctness needs two independently seeded input sets
+(:data:`SPEC_SEEDS`: ``inputs()`` after seeding torch, ``random`` and NumPy with 0, then with 1), each
+compared by :func:`dice.validator.gpu.compare_outputs`; timing uses the first."""
 
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +15,7 @@ from dice.validator.build_flags import BuildOptions
 from dice.validator.compile import nvrtc_std_options
 from dice.validator.cu_compile import CuFile, run_compile_checks
 from dice.validator.paths import cuda_include_dirs
-from dice.validator.runtime_guards import Replaced, monkey_patch
+from dice.validator.runtime_guards import Replaced, all_equal, monkey_patch
 from dice.validator.spec_files import spec_folder_imports
 from dice.validator.unchecked import describe_unchecked
 from dice.validator.verdict import FLAG_NOT_RUN, Verdict, speedup_flags
@@ -25,6 +28,9 @@ DEFAULT_ATOL = 1e-2
 DEFAULT_RTOL = 1e-2
 CU_WARMUP = 3
 CU_TRIALS = 30  # the editor waits on these; KernelBench uses 100
+# Correctness needs every one of these input sets (inputs() right after seeding with each): a kernel that is
+# right on one input by accident (a hard-coded answer, a result cached across calls) does not pass.
+SPEC_SEEDS = (0, 1)
 
 
 def run_cu(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, bool]:
@@ -99,6 +105,33 @@ class _SpecRun:
     max_abs_err: float | None
     ref_t: Timing
     new_t: Timing
+    checked_inputs: str = ""  # the log line saying which input sets were compared
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every generator a spec's ``inputs()`` may draw from: torch (CPU and every CUDA device), Python's
+    ``random`` and NumPy's global generator."""
+    import random
+
+    import torch
+
+    torch.manual_seed(seed)
+    random.seed(seed)
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - NumPy comes with CuPy and torch
+        return
+    numpy.random.seed(seed)
+
+
+def spec_input_sets(inputs: Callable[[], Any], seed: int) -> tuple[list[Any], list[Any]]:
+    """Two calls of the spec's ``inputs()``, each right after :func:`seed_everything` with ``seed``: one set
+    for ``reference``, an equal but separate one for ``launch`` (neither sees what the other wrote)."""
+    seed_everything(seed)
+    ref_inputs = list(inputs())
+    seed_everything(seed)
+    new_inputs = list(inputs())
+    return ref_inputs, new_inputs
 
 
 class _Stage:
@@ -159,9 +192,8 @@ def _check_spec(
     """Compile the module, execute the dice-spec, compare ``launch`` with ``reference`` and time both; the
     verdict when the spec is incomplete or the output wrong. ``stage`` follows the steps."""
     import cupy
-    import torch
 
-    from dice.validator.gpu import L2Flusher, TorchModule, compare_outputs, time_cuda
+    from dice.validator.gpu import L2Flusher, TorchModule, time_cuda
 
     std = nvrtc_std_options([o for o in nvrtc_options if o.startswith("-std=")])
     options = (
@@ -184,34 +216,10 @@ def _check_spec(
         )
     atol = float(namespace.get("atol", DEFAULT_ATOL))
     rtol = float(namespace.get("rtol", DEFAULT_RTOL))
-    stage.name = "building inputs"
-    torch.manual_seed(0)
-    ref_inputs = list(namespace["inputs"]())
-    torch.manual_seed(0)
-    new_inputs = list(namespace["inputs"]())
-    stage.name = "running reference()"
-    ref_out = namespace["reference"](*ref_inputs)
-    stage.name = "running launch()"
-    new_out = namespace["launch"](module, *new_inputs)
-    torch.cuda.synchronize()
-    if new_out is None:
-        return Verdict(
-            "runtime_error",
-            True,
-            message="launch(module, *inputs) returned None: return the "
-            "output tensor(s) so they can be compared with reference()",
-        )
-    stage.name = "comparing"
-    cmp = compare_outputs(new_out, ref_out, atol=atol, rtol=rtol)
-    if not cmp.correct:
-        return Verdict(
-            "incorrect",
-            True,
-            False,
-            max_abs_err=cmp.max_abs_err,
-            message=f"incorrect: {cmp.message}",
-            log=compile_log,
-        )
+    checked = _spec_correctness(namespace, module, atol, rtol, stage, compile_log)
+    if isinstance(checked, Verdict):
+        return checked
+    ref_inputs, new_inputs, worst, checked_inputs = checked
     stage.name = "timing"
     flush = L2Flusher()
     ref_t = time_cuda(
@@ -224,7 +232,67 @@ def _check_spec(
         trials=CU_TRIALS,
         flush=flush,
     )
-    return _SpecRun(atol, rtol, cmp.max_abs_err, ref_t, new_t)
+    return _SpecRun(atol, rtol, worst, ref_t, new_t, checked_inputs)
+
+
+def _spec_correctness(
+    namespace: dict[str, Any], module: Any, atol: float, rtol: float, stage: _Stage, compile_log: str
+) -> tuple[list[Any], list[Any], float | None, str] | Verdict:
+    """Compare ``launch`` with ``reference`` on every input set of :data:`SPEC_SEEDS`: ``(the first set's
+    reference inputs, its launch inputs, the worst max abs error, the log line)``, or the verdict of the
+    first set that fails."""
+    import torch
+
+    from dice.validator.gpu import compare_outputs
+
+    first: tuple[list[Any], list[Any]] | None = None
+    worst: float | None = None
+    same_values = False
+    for number, seed in enumerate(SPEC_SEEDS, 1):
+        stage.name = f"building inputs (seed {seed})"
+        ref_inputs, new_inputs = spec_input_sets(namespace["inputs"], seed)
+        if first is None:
+            first = (ref_inputs, new_inputs)
+        else:
+            same_values = same_values or all_equal(ref_inputs, first[0])
+        stage.name = f"running reference() (seed {seed})"
+        ref_out = namespace["reference"](*ref_inputs)
+        stage.name = f"running launch() (seed {seed})"
+        new_out = namespace["launch"](module, *new_inputs)
+        torch.cuda.synchronize()
+        if new_out is None:
+            return Verdict(
+                "runtime_error",
+                True,
+                message="launch(module, *inputs) returned None: return the "
+                "output tensor(s) so they can be compared with reference()",
+            )
+        stage.name = f"comparing (seed {seed})"
+        cmp = compare_outputs(new_out, ref_out, atol=atol, rtol=rtol)
+        if not cmp.correct:
+            return Verdict(
+                "incorrect",
+                True,
+                False,
+                max_abs_err=cmp.max_abs_err,
+                message=f"incorrect (input set {number} of {len(SPEC_SEEDS)}, seed {seed}): {cmp.message}",
+                log=compile_log,
+            )
+        if cmp.max_abs_err is not None:
+            worst = max(worst or 0.0, cmp.max_abs_err)
+        del ref_out, new_out
+        if number > 1:
+            del ref_inputs, new_inputs
+    assert first is not None
+    line = (
+        f"correctness: {len(SPEC_SEEDS)} input sets (inputs() after seeds "
+        f"{', '.join(map(str, SPEC_SEEDS))}) matched at atol={atol:g} rtol={rtol:g}"
+    )
+    if worst is not None:
+        line += f", max abs err {worst:.3g}"
+    if same_values:
+        line += "; inputs() gave the same values for every seed (it draws no seeded random numbers)"
+    return first[0], first[1], worst, line
 
 
 def _correct_verdict(ctx: WorkerContext, run: _SpecRun, checked: list[str], compile_log: str) -> Verdict:
@@ -232,14 +300,15 @@ def _correct_verdict(ctx: WorkerContext, run: _SpecRun, checked: list[str], comp
     speedup = ref_t.mean_ms / new_t.mean_ms if new_t.mean_ms > 0 else None
     flags: list[str] = []
     message = (
-        f"correct (atol={run.atol:g}, rtol={run.rtol:g}); {speedup:.2f}x vs reference "
+        f"correct ({len(SPEC_SEEDS)} input sets, atol={run.atol:g}, rtol={run.rtol:g}); "
+        f"{speedup:.2f}x vs reference "
         f"({ref_t.mean_ms:.4f} ms -> {new_t.mean_ms:.4f} ms, mean of {CU_TRIALS} after {CU_WARMUP} warm-up)"
     )
     extra_flags, note = speedup_flags(speedup)
     flags += extra_flags
     message += note
     log = (
-        f"checked: {'; '.join(checked)}\n"
+        f"checked: {'; '.join(checked)}\n{run.checked_inputs}\n"
         f"reference: mean {ref_t.mean_ms:.5f} ms, median {ref_t.median_ms:.5f}, "
         f"std {ref_t.std_ms:.5f}\ncandidate: mean {new_t.mean_ms:.5f} ms, median {new_t.median_ms:.5f}, "
         f"std {new_t.std_ms:.5f}\ndevice: {ctx.device_name}\n{compile_log}"
