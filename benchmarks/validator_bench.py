@@ -3,10 +3,14 @@ a plain ``load_inline`` build of the same extension in the same run, and candida
 pool at full width.
 
     python benchmarks/validator_bench.py --problems-file PROBLEMS.jsonl [--workers 8] [--results DIR]
+    python benchmarks/validator_bench.py --builds-only [--budget-s S] [--build-parallel 1,4,16] [--results D]
+    python benchmarks/validator_bench.py --smoke-cpu [--results DIR]     # the build section on CPU, C++-only
 
 KernelBench candidates are the hand-written ones in tests/validator/candidates (10 level-1 problems, a
 correct and a wrong candidate each). Without a GPU only the compile-only numbers are produced.
-Writes validator_bench.json, validator_bench.md and validator_bench.png to --results.
+Writes validator_bench.json, validator_bench.md and validator_bench.png to --results. The build-speed section
+(``--builds``, ``--builds-only``, ``--smoke-cpu``; benchmarks/build_speed.py) writes validator_build_bench
+.jsonl (one line per measurement, as it goes), .json and .md.
 """
 
 from __future__ import annotations
@@ -328,7 +332,21 @@ def main() -> int:
         metavar="N",
         help="also re-validate the first N candidates at full width with the warm cache",
     )
+    parser.add_argument("--builds", action="store_true", help="also run the build-speed section")
+    parser.add_argument("--builds-only", action="store_true", help="run only the build-speed section")
+    parser.add_argument("--smoke-cpu", action="store_true", help="the build section on CPU, C++-only, small")
+    parser.add_argument("--budget-s", type=float, default=None, help="wall-clock budget of the build section")
+    parser.add_argument("--build-parallel", default=None, help="parallel widths, e.g. 1,4,16")
+    parser.add_argument("--build-counts", default=None, help="cold candidates per width, e.g. 1:4,4:8,16:16")
+    parser.add_argument("--batch-size", type=int, default=None, help="candidates per prebuild (default 16)")
+    parser.add_argument("--build-driver", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.build_driver is not None:
+        from build_speed import driver
+
+        return driver(args.build_driver)
+    if args.builds_only or args.smoke_cpu:
+        return run_build_section(args)
     results: dict[str, Any] = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": machine(),
@@ -365,6 +383,16 @@ def main() -> int:
             )
     write_results(results, args.results)
     print((args.results / "validator_bench.md").read_text())
+    return run_build_section(args) if args.builds else 0
+
+
+def run_build_section(args: argparse.Namespace) -> int:
+    from build_speed import bench_builds
+
+    with tempfile.TemporaryDirectory(prefix="dice-build-bench-") as tmp_name:
+        result = bench_builds(args, args.results, Path(tmp_name), machine())
+    stem = "validator_build_bench_smoke" if result["smoke"] else "validator_build_bench"
+    print((args.results / f"{stem}.md").read_text())
     return 0
 
 

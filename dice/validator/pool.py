@@ -326,6 +326,48 @@ class ValidatorPool:
             }
         )
 
+    def submit_prebuild(
+        self, cand_srcs: list[str], refs: list[str] | None = None
+    ) -> concurrent.futures.Future[dict[str, Any]]:
+        """Build the ``load_inline`` extensions of many KernelBench candidates (e.g. the samples of one RL
+        task) as few combined extensions, in one worker (:mod:`dice.validator.batchbuild`); their later
+        KernelBench tasks, in any worker, are then served from them. Submit it before those tasks: a task
+        whose extension it is building waits for it. The result: ``{"candidates": [{"index", "status":
+        "batched" | "cached" | "alone" | "failed", "reason", "seconds", "keys"}], "builds": [...],
+        "seconds"}``; ``alone`` and ``failed`` candidates build in their own task as before (``failed``: its
+        code failed in a combined build). ``refs``: the candidates' references (same order), whose init
+        inputs construct a ``ModelNew`` that builds in ``__init__``. Never raises for a candidate; a worker
+        failure gives ``"error"`` and every candidate ``alone``."""
+        payload = {"kind": "kb_prebuild", "cand_srcs": [str(s) for s in cand_srcs], "ref_srcs": refs}
+        inner = self._submit(payload, use_cache=False)
+        outer: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+
+        def finished(done: concurrent.futures.Future[Verdict]) -> None:
+            verdict = done.result()
+            report: dict[str, Any] | None = None
+            if verdict.status == "compiled":
+                with contextlib.suppress(ValueError, TypeError):
+                    report = json.loads(verdict.message)
+            if report is None:
+                report = {
+                    "error": verdict.message,
+                    "candidates": [
+                        {
+                            "index": i,
+                            "status": "alone",
+                            "reason": f"prebuild failed: {verdict.message}",
+                            "seconds": 0.0,
+                        }
+                        for i in range(len(cand_srcs))
+                    ],
+                    "builds": [],
+                }
+            if outer.set_running_or_notify_cancel():
+                outer.set_result(report)
+
+        inner.add_done_callback(finished)
+        return outer
+
     def clear_cache(self) -> None:
         """Forget every cached verdict (a file a dice-spec depends on changed). Tasks already submitted
         do not store theirs: they may have read the old file."""

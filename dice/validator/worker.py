@@ -37,6 +37,10 @@ def _run_task(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, bool]:
         from dice.validator.kernelbench import run_kernelbench
 
         return run_kernelbench(ctx, task)
+    if kind == "kb_prebuild":
+        from dice.validator.batchbuild import run_prebuild
+
+        return run_prebuild(ctx, task)
     if kind == "probe":
         return _probe(ctx, task)
     return error_verdict("runtime_error", f"unknown task kind {kind!r}"), False
