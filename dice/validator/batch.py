@@ -273,11 +273,14 @@ class _Batch:
     def _dispatch(self, group: list[_Entry]) -> None:
         """Submit a group's tasks, after one prebuild of its ``load_inline`` candidates when the pool can."""
         builds = [e for e in group if "load_inline" in e.task.cand_src]
-        sources = list(dict.fromkeys(e.task.cand_src for e in builds))
+        first_refs: dict[str, str] = {}  # each distinct candidate once, with its reference (init inputs for
+        for e in builds:  # a candidate that builds in __init__)
+            first_refs.setdefault(e.task.cand_src, e.task.ref_src)
+        sources, refs = list(first_refs), list(first_refs.values())
         future = None
         if self.submit_prebuild is not None and len(sources) > 1:
             try:
-                future = self.submit_prebuild(sources)
+                future = self._prebuild(sources, refs)
             except Exception:  # noqa: BLE001 - a prebuild is an optimisation; each task still builds its own
                 self.stats.prebuild_failures += 1
         if future is not None:
@@ -289,6 +292,12 @@ class _Batch:
         for entry in group:
             if entry.group is None:
                 self._submit(entry)
+
+    def _prebuild(self, sources: list[str], refs: list[str]) -> Any:
+        try:
+            return self.submit_prebuild(sources, refs=refs)
+        except TypeError:  # a pool whose submit_prebuild takes the sources alone
+            return self.submit_prebuild(sources)
 
     def _submit(self, entry: _Entry) -> None:
         task = entry.task
