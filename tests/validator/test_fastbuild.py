@@ -156,6 +156,11 @@ def test_slim_cuda_text_blanks_umbrella_includes_only_when_types_h_covers_the_te
             True,
         ),
         ('cuda.cu(7): error: identifier "AT_DISPATCH_V2" is undefined', True),
+        (
+            'cuda.cu(253): error: no suitable conversion function from "const at::DeprecatedTypeProperties" '
+            'to "c10::ScalarType" exists',
+            True,
+        ),
         ('cuda.cu(7): error: identifier "blockIdxx" is undefined', False),
         ('cuda.cu(7): error: identifier "atomicAddx" is undefined', False),
         ('cuda.cu(7): error: expected a ";"', False),

@@ -111,6 +111,11 @@ def test_outputs_cached() -> None:
     # the reference did not change either (a constant function): not a cache
     assert rg.outputs_cached(trial(new_out=old, ref_out=old, previous=(old.clone(), old.clone()))) is None
     assert rg.outputs_cached(trial(previous=None)) is None
+    # the reference moved only by rounding (PR-67 level 2 problem 41: GroupNorm then a channel mean is 0 up
+    # to 1e-8 for any input) while an honest kernel's output stayed exactly 0: not a cache either
+    zeros = torch.zeros(8)
+    noise = trial(new_out=zeros, ref_out=zeros + 3e-8, previous=(zeros.clone(), zeros - 2e-8))
+    assert rg.outputs_cached(noise) is None
 
 
 def test_first_trial_guard_that_fires_decides() -> None:
