@@ -111,8 +111,9 @@ def static_guards(src: str, info: CandidateInfo) -> list[GuardHit]:
     elif not builds:
         hits.append(GuardHit("no_custom_kernel", "CUDA source is never compiled (no load_inline/load call)"))
 
+    builders = _builder_functions(tree)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Try) and not all(_setup_statement(s) for s in node.body):
+        if isinstance(node, ast.Try) and not all(_setup_statement(s, builders) for s in node.body):
             hits.append(
                 GuardHit("torch_fallback", "try/except around the computation (a fallback path)", node.lineno)
             )
@@ -158,17 +159,28 @@ def static_guards(src: str, info: CandidateInfo) -> list[GuardHit]:
 
 
 # ----------------------------------------------------------------------------------------------- helpers
-def _setup_statement(stmt: ast.stmt) -> bool:
-    """A statement of a ``try`` body that is set-up, not computation: an import, a build of the extension
-    (``ext = load_inline(...)``, ``self.ext = load(...)``), or a constant or name assigned beside it
-    (``self.use_cuda = True``).
+def _builder_functions(tree: ast.Module) -> set[str]:
+    """Names of the candidate's functions and methods that build an extension (``_load_cuda_kernel``)."""
+    return {
+        fn.name
+        for fn in ast.walk(tree)
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and any(isinstance(n, ast.Call) and _call_name(n) in BUILD_CALLS for n in ast.walk(fn))
+    }
+
+
+def _setup_statement(stmt: ast.stmt, builders: set[str] = frozenset()) -> bool:  # type: ignore[assignment]
+    """A statement of a ``try`` body that is set-up, not computation: an import, a definition, a build of
+    the extension (``ext = load_inline(...)``, ``self.ext = load(...)``, ``self.k = self._load_kernel()``
+    where that method builds), or a constant or name assigned beside it (``self.use_cuda = True``,
+    ``cuda_source = "..."``).
 
     A try around the *build* alone is not a fallback path the guard has to refuse: in the validator the build
     either succeeds (and the except never runs) or fails and is swallowed, and then no custom kernel runs,
     which the dynamic ``kernel_never_called`` guard rejects. A ``try`` around the forward computation (or
     around a build together with anything else) stays a ``torch_fallback``.
     """
-    if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.Pass)):
+    if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.Pass, ast.FunctionDef, ast.ClassDef)):
         return True
     if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.Expr)):
         value = stmt.value
@@ -176,7 +188,7 @@ def _setup_statement(stmt: ast.stmt) -> bool:
             return not isinstance(stmt, ast.Expr)
         while isinstance(value, ast.Attribute):  # load_inline(...).forward
             value = value.value
-        return isinstance(value, ast.Call) and _call_name(value) in BUILD_CALLS
+        return isinstance(value, ast.Call) and (_call_name(value) in BUILD_CALLS | builders)
     return False
 
 

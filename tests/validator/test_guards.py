@@ -131,3 +131,13 @@ def test_a_try_around_the_build_alone_is_not_a_fallback_path() -> None:
     mixed = _guarded_build("BUILD\n    relu_ext.relu_forward(torch.ones(4, device='cuda'), 4)")
     assert "torch_fallback" in guards_of(mixed)
     assert "torch_fallback" in guards_of(candidate("adv_try_fallback.py"))
+
+
+def test_a_try_around_a_method_that_builds_is_set_up_too() -> None:
+    src = candidate("level1_19_relu.py")
+    start = src.index("relu_ext = load_inline(")
+    end = src.index(")\n", src.index("verbose=False", start)) + 2
+    build = src[start:end].replace("relu_ext = ", "return ").replace("\n", "\n    ")
+    helper = f"def _load_kernel():\n    {build.rstrip()}\n\n\ntry:\n    relu_ext = _load_kernel()\n"
+    src = src[:start] + helper + "except Exception:\n    relu_ext = None\n" + src[end:]
+    assert "torch_fallback" not in guards_of(src), src
