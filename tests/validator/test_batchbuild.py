@@ -448,7 +448,10 @@ def test_gpu_prebuild_serves_kernelbench_tasks(tmp_path: Path, monkeypatch: pyte
     assert broken != variants[0]
     with ValidatorPool(2, timeout_s=120, cache_verdicts=False) as pool:
         report = pool.submit_prebuild([*variants, broken]).result(timeout=900)
-        assert [c["status"] for c in report["candidates"]] == ["batched"] * 3 + ["failed"], json.dumps(report)
+        statuses = [c["status"] for c in report["candidates"]]
+        # the broken one is blamed ("failed") or split off by bisection and left to its own build ("alone",
+        # seen on the H200): either way its own task compiles it alone and reports its own error
+        assert statuses[:3] == ["batched"] * 3 and statuses[3] in ("failed", "alone"), json.dumps(report)
         futures = [pool.submit_kernelbench(RELU_REF, v, timing=False) for v in [*variants, broken]]
         verdicts = [f.result(timeout=900) for f in futures]
     assert [v.status for v in verdicts] == ["correct"] * 3 + ["compile_error"], [v.message for v in verdicts]
