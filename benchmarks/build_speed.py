@@ -270,7 +270,8 @@ def bench_builds(args: Any, out_dir: Path, tmp: Path, machine: dict[str, Any]) -
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = "validator_build_bench_smoke" if smoke else "validator_build_bench"
     jsonl = out_dir / f"{stem}.jsonl"
-    env = dict(os.environ, DICE_PCH_DIR=str(tmp / "pch"), PYTHONPATH=str(ROOT))
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, DICE_PCH_DIR=str(tmp / "pch"), PYTHONPATH=path)
     if not smoke:
         env.setdefault("TORCH_CUDA_ARCH_LIST", _arch() or "9.0")
     env.pop("MAX_JOBS", None)
