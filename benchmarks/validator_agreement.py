@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dice.validator.batch import BatchStats, BatchTask, gpu_spread, validate_many  # noqa: E402
+from dice.validator.kbeval import read_records  # noqa: E402
 from dice.validator.verdict import first_line  # noqa: E402
 from engine.answers import extract_program  # noqa: E402
 
@@ -209,16 +210,6 @@ def choose(tasks: list[dict[str, Any]], args: argparse.Namespace, done: set[tupl
 
 
 # ------------------------------------------------------------------------------------------------ running
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a torn last line of an interrupted run
-            continue
-    return out
 
 
 def device_name() -> str:
@@ -275,7 +266,7 @@ def run(args: argparse.Namespace, tasks: list[dict[str, Any]], records_path: Pat
     """Validate the chosen tasks, appending each record to the JSONL as it finishes; the run's summary."""
     from dice.validator import ValidatorPool
 
-    done = {(r["source"], r["id"]) for r in read_jsonl(records_path)}
+    done = {(r["source"], r["id"]) for r in read_records(records_path)}
     todo = choose(tasks, args, done)
     print(f"{len(done)} records already in {records_path}; {len(todo)} to validate this run", flush=True)
     start = time.monotonic()
@@ -472,7 +463,7 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
 
 def report(args: argparse.Namespace, out_dir: Path, counts: dict[str, Any], tasks: list[Any]) -> None:
     """Rebuild validator_agreement.{json,md} and the review folder from the JSONL (latest record per key)."""
-    latest = {(r["source"], r["id"]): r for r in read_jsonl(out_dir / f"{NAME}.jsonl")}
+    latest = {(r["source"], r["id"]): r for r in read_records(out_dir / f"{NAME}.jsonl")}
     records = sorted(latest.values(), key=lambda r: (r["source"], r["level"], r["problem"], r["id"]))
     reviews_path = Path(args.reviews) if args.reviews else out_dir / f"{NAME}_reviews.json"
     reviews = json.loads(reviews_path.read_text()) if reviews_path.is_file() else {}

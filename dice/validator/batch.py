@@ -188,7 +188,8 @@ def validate_many(
     width = max(1, int(getattr(pool, "workers", 1)))
     k = max(1, max_in_flight if max_in_flight is not None else 2 * width)
     # a combined build is one nvcc + one g++ process: groups of a quarter of the pool keep ~4x as many of
-    # them running at once (on the H200, 2 groups of 16 left 14 of 16 cores idle) for a 4x share of headers
+    # them running at once, each sharing the headers 4 ways (with groups as wide as the pool and K = 2x its
+    # width, at most 2 combined builds run at once on a 16-core H200 host)
     g = max(1, min(k, group_size if group_size is not None else min(width, max(2, width // 4))))
     submit_prebuild = getattr(pool, "submit_prebuild", None) if prebuild and g > 1 else None
     batch = _Batch(pool, iter(tasks), k, g, submit_prebuild, stats if stats is not None else BatchStats())

@@ -242,7 +242,17 @@ def narrower(dtype: Any, ref_dtype: Any) -> bool:
 
 
 def all_close(a: Any, b: Any) -> bool:
-    """Same structure, and leaves within :data:`CACHED_CHANGE_ATOL` / ``RTOL`` of each other."""
+    """Same structure, and leaves within :data:`CACHED_CHANGE_ATOL` / ``RTOL`` of each other (floating
+    tensors; other leaves equal)."""
+    return _leaves_match(a, b, close=True)
+
+
+def all_equal(a: Any, b: Any) -> bool:
+    """Same structure, and equal leaves (tensors: same shape, dtype and values)."""
+    return _leaves_match(a, b, close=False)
+
+
+def _leaves_match(a: Any, b: Any, *, close: bool) -> bool:
     import torch
 
     from dice.validator.gpu import flatten
@@ -254,28 +264,10 @@ def all_close(a: Any, b: Any) -> bool:
         if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
             if x.shape != y.shape or x.dtype != y.dtype:
                 return False
-            if x.is_floating_point() or x.is_complex():
+            if close and (x.is_floating_point() or x.is_complex()):
                 if not torch.allclose(x, y, atol=CACHED_CHANGE_ATOL, rtol=CACHED_CHANGE_RTOL, equal_nan=True):
                     return False
             elif not torch.equal(x, y):
-                return False
-        elif x != y:
-            return False
-    return True
-
-
-def all_equal(a: Any, b: Any) -> bool:
-    """Same structure, and equal leaves (tensors: same shape, dtype and values)."""
-    import torch
-
-    from dice.validator.gpu import flatten
-
-    la, lb = flatten(a), flatten(b)
-    if len(la) != len(lb):
-        return False
-    for x, y in zip(la, lb, strict=True):
-        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-            if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y):
                 return False
         elif x != y:
             return False
