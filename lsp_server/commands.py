@@ -18,6 +18,7 @@ from typing import Any
 from lsprotocol import types
 from pygls.uris import from_fs_path
 
+from dice import safeio
 from dice.assistant.rules import program_with_header, usable
 from dice.assistant.types import Progress
 from dice.cuda_source import Mask
@@ -30,7 +31,7 @@ from lsp_server.actions import (
     parse_arguments,
 )
 from lsp_server.convert import lsp_edit
-from lsp_server.documents import current_version, snapshot
+from lsp_server.documents import DocumentSnapshot, current_version, disk_snapshot, open_snapshot
 from lsp_server.inline import mask_at
 from lsp_server.kernelbench import output_path
 from lsp_server.regions import FilledRegion, make_region, relocate
@@ -106,7 +107,15 @@ async def work_done_progress(
 async def execute(
     session: DiceSession, command: str, arguments: list[Any] | None, token: types.ProgressToken | None
 ) -> dict[str, Any]:
-    """Run one server command; errors become a window message and an ``{"ok": false}`` result."""
+    """Run one server command; errors become a window message and an ``{"ok": false}`` result. Results are
+    strict JSON (``dice.safeio.strict_json``: a NaN or infinite number is null, named in ``non_finite``):
+    VS Code's ``JSON.parse`` rejects ``NaN`` and ``Infinity``."""
+    return safeio.strict_json(await _execute(session, command, arguments, token))
+
+
+async def _execute(
+    session: DiceSession, command: str, arguments: list[Any] | None, token: types.ProgressToken | None
+) -> dict[str, Any]:
     from lsp_server.actions import FILL_ALL_MASKS, GENERATE_KERNEL, VALIDATE_KERNEL
 
     try:
@@ -133,14 +142,28 @@ async def execute(
         return {"ok": False, "message": str(exc)}
 
 
+async def target_snapshot(session: DiceSession, uri: str) -> DocumentSnapshot:
+    """The editor's copy of ``uri``, else the file on disk, read off the event loop (a slow disk or a big
+    file never stalls other requests); CommandFailed for a FIFO, a device, a folder, a missing file or one
+    over the size cap (``dice.safeio.read_user_file``: refused before anything is read)."""
+    opened = open_snapshot(session.ls.workspace, uri)
+    if opened is not None:
+        return opened
+    try:
+        snap = await asyncio.to_thread(disk_snapshot, uri)
+    except safeio.UserFileError as exc:
+        raise CommandFailed(f"cannot read {exc}") from exc
+    if snap is None:
+        raise CommandFailed(f"cannot read {uri}")
+    return snap
+
+
 async def fill_masks(
     session: DiceSession, target: CommandTarget, token: types.ProgressToken | None, *, single: bool
 ) -> dict[str, Any]:
     from dice.cuda_source import splice
 
-    snap = snapshot(session.ls.workspace, target.uri)
-    if snap is None:
-        raise CommandFailed(f"cannot read {target.uri}")
+    snap = await target_snapshot(session, target.uri)
     doc = session.parse(snap)
     if doc is None:
         raise CommandFailed("this document is binary or too large for DICE")
@@ -250,8 +273,8 @@ async def _apply_text_edits(
 async def generate_kernel(
     session: DiceSession, target: CommandTarget, token: types.ProgressToken | None
 ) -> dict[str, Any]:
-    snap = snapshot(session.ls.workspace, target.uri)
-    if snap is None or snap.path is None:
+    snap = await target_snapshot(session, target.uri)
+    if snap.path is None:
         raise CommandFailed(f"cannot read {target.uri}")
     from dice.validator.reference import InvalidReference, check_reference
 
@@ -321,17 +344,16 @@ async def _create_file(session: DiceSession, path: Path, uri: str, content: str)
         if response.applied:
             return
         session.log(f"the client did not create {path.name} ({response.failure_reason}); writing it directly")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(content, encoding="utf-8")
-    tmp.replace(path)
+    try:  # a unique temporary file, fsynced, published only if nothing took the name meanwhile
+        await asyncio.to_thread(safeio.write_user_file, path, content, exclusive=True)
+    except safeio.UserFileError as exc:
+        raise CommandFailed(f"DICE: cannot write the generated kernel: {exc}") from exc
 
 
 async def validate_kernel(
     session: DiceSession, target: CommandTarget, token: types.ProgressToken | None
 ) -> dict[str, Any]:
-    snap = snapshot(session.ls.workspace, target.uri)
-    if snap is None:
-        raise CommandFailed(f"cannot read {target.uri}")
+    snap = await target_snapshot(session, target.uri)
     if not snap.analysable:
         raise CommandFailed("this document is binary or too large for DICE")
     service = await session.get_service(model=False)

@@ -11,6 +11,8 @@ from pathlib import Path
 from pygls.uris import to_fs_path
 from pygls.workspace import Workspace
 
+from dice import safeio
+
 # Beyond this the server still tracks the document but runs no model work on it (a 5 MB file is
 # parsed for masks; 32 MB of text is not a kernel someone edits by hand).
 MAX_ANALYSED_CHARS = 32 * 1024 * 1024
@@ -68,19 +70,15 @@ def open_snapshot(workspace: Workspace, uri: str) -> DocumentSnapshot | None:
     return DocumentSnapshot(uri=uri, version=doc.version, text=doc.source, language_id=doc.language_id)
 
 
-def snapshot(workspace: Workspace, uri: str) -> DocumentSnapshot | None:
-    """The open document, else the file on disk (undecodable bytes replaced), else None."""
-    opened = open_snapshot(workspace, uri)
-    if opened is not None:
-        return opened
+def disk_snapshot(uri: str) -> DocumentSnapshot | None:
+    """The file on disk (undecodable bytes replaced); None for a uri that is not a file path. Blocking:
+    call it off the event loop. ``dice.safeio.UserFileError`` (its message names the path) for a FIFO, a
+    device, a folder, a missing file or one over ``dice.safeio.SOURCE_LIMIT``: refused, never read."""
     fs_path = to_fs_path(uri)
     if not fs_path:
         return None
-    try:
-        data = Path(fs_path).read_bytes()
-    except OSError:
-        return None
-    return DocumentSnapshot(uri=uri, version=None, text=data.decode("utf-8", errors="replace"))
+    text = safeio.read_user_text(fs_path, max_bytes=safeio.SOURCE_LIMIT, what="document", errors="replace")
+    return DocumentSnapshot(uri=uri, version=None, text=text)
 
 
 def current_version(workspace: Workspace, uri: str) -> int | None:

@@ -12,11 +12,11 @@ The other rules live with what they are about: program extraction from a model a
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from dice.cuda_source import CudaDocument, FunctionKind, Mask, Range, function_at
+from dice.safeio import dumps_strict
 from dice.validator.verdict import Verdict, first_line, verdict_label
 
 # Bodies where a cursor is an implicit hole: kernels and the device functions they call. Host code is left
@@ -80,7 +80,7 @@ def program_with_header(
     if v and first_line(v.get("message")):
         lines.append(f"# {first_line(v.get('message'), limit=200)}")
     brief = None if v is None else {k: value for k, value in v.items() if k != "log"}
-    lines.append("# Verdict JSON: " + json.dumps(brief, ensure_ascii=False, separators=(", ", ": ")))
+    lines.append("# Verdict JSON: " + dumps_strict(brief, ensure_ascii=False, separators=(", ", ": ")))
     # no line of the header may break: a message or a path with a newline would start code
     return (
         "\n".join(line.replace("\n", " ").replace("\r", " ") for line in lines)

@@ -1,10 +1,12 @@
-"""What every sub-command shares: the user-facing error and reading and writing the user's files."""
+"""What every sub-command shares: the user-facing error and reading and writing the user's files (through
+``dice.safeio``: regular files only, sizes capped, writes that keep links, owner and mode)."""
 
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
+
+from dice import safeio
 
 
 class CliError(Exception):
@@ -15,41 +17,68 @@ class CliError(Exception):
         self.code = code
 
 
-def read_text_file(path: Path) -> str:
-    """A source file's text exactly as stored (no newline translation); CliError when it cannot be read."""
-    if not path.exists():
-        raise CliError(f"{path}: no such file")
-    if path.is_dir():
-        raise CliError(f"{path}: is a folder, not a file")
+def read_user_file(
+    path: Path, *, what: str = "source file", max_bytes: int = safeio.SOURCE_LIMIT
+) -> safeio.UserFile:
+    """A user-named file's bytes and stat (``dice.safeio.read_user_file``); CliError when it cannot be read:
+    no such file, a folder, a FIFO or device (refused at once, never read), over ``max_bytes``."""
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise CliError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CliError(f"{path}: not UTF-8 text (byte {exc.start} is invalid)") from exc
+        return safeio.read_user_file(path, max_bytes=max_bytes, what=what)
+    except safeio.UserFileError as exc:
+        raise CliError(str(exc)) from exc
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` through a temporary file beside it, so that a crash never leaves
-    half a file. An existing file keeps its permissions; a new one gets the umask's default."""
-    if path.exists():
-        mode = path.stat().st_mode & 0o7777
-    else:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".dice", dir=path.parent)
+def read_text_file(path: Path, *, what: str = "source file", max_bytes: int = safeio.SOURCE_LIMIT) -> str:
+    """A source file's text exactly as stored (no newline translation); CliError when it cannot be read or
+    is not UTF-8."""
+    return read_text_and_stat(path, what=what, max_bytes=max_bytes)[0]
+
+
+def read_text_and_stat(
+    path: Path, *, what: str = "source file", max_bytes: int = safeio.SOURCE_LIMIT
+) -> tuple[str, os.stat_result]:
+    """:func:`read_text_file` and the stat of the file it read (what ``write_user_file(expected_stat=)``
+    compares before writing over it)."""
+    read = read_user_file(path, what=what, max_bytes=max_bytes)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(text.encode("utf-8"))
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        return read.text(), read.stat
+    except safeio.UserFileError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def check_input_file(path: Path, *, what: str, max_bytes: int) -> None:
+    """CliError unless ``path`` is a regular file of at most ``max_bytes`` (for files another library
+    reads itself: a problem set, a corpus, a config template)."""
+    try:
+        safeio.check_user_file(path, max_bytes=max_bytes, what=what)
+    except safeio.UserFileError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def write_user_file(
+    path: Path, text: str, *, expected_stat: os.stat_result | None = None, exclusive: bool = False
+) -> Path:
+    """Write ``text`` (UTF-8) to the user's file ``path`` (``dice.safeio.write_user_file``: through symlinks,
+    keeping hard links, owner and mode, atomic and fsynced); CliError when it is refused: read-only, a folder
+    DICE cannot write in, exists (``exclusive``): exit 2; changed on disk since ``expected_stat``: exit 1."""
+    try:
+        return safeio.write_user_file(path, text, expected_stat=expected_stat, exclusive=exclusive)
+    except safeio.UserFileError as exc:
+        raise CliError(str(exc), code=1 if isinstance(exc, safeio.FileChangedError) else 2) from exc
+
+
+def check_writable(path: Path, *, exclusive: bool = False) -> None:
+    """CliError when ``write_user_file`` would refuse ``path`` (read-only, its folder not writable, not a
+    regular file; ``exclusive``: it exists): said before the model runs, not after."""
+    try:
+        safeio.check_writable(path, exclusive=exclusive)
+    except safeio.UserFileError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def print_json(value: object, **kwargs: object) -> None:
+    """``--json`` output: strict JSON (``dice.safeio.dumps_strict``: NaN/inf -> null + ``non_finite``)."""
+    print(safeio.dumps_strict(value, **kwargs))  # type: ignore[arg-type]
 
 
 # What `dice masks` / `dice complete` read: CUDA sources and the C++ files that hold device code too.
@@ -60,8 +89,8 @@ CUDA_SUFFIXES = frozenset(
 
 def require_cuda_source(path: Path) -> None:
     """CliError for a file that is not CUDA/C++ source (a Markdown file's ``<MASK>`` is not a hole); a
-    missing path or a folder gets the reader's own message first."""
-    if not path.exists() or path.is_dir():
+    missing path, a folder, a FIFO or a device gets the reader's own message first."""
+    if not path.is_file():
         read_text_file(path)
     if path.suffix.lower() not in CUDA_SUFFIXES:
         known = ", ".join(sorted(CUDA_SUFFIXES))

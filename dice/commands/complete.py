@@ -5,13 +5,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import difflib
-import json
+import os
 import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dice.commands.common import CliError, read_text_file, require_cuda_source, write_atomically
+from dice.commands.common import (
+    CliError,
+    check_writable,
+    print_json,
+    read_text_and_stat,
+    read_text_file,
+    require_cuda_source,
+    write_user_file,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -61,18 +69,23 @@ def unified_diff(path: Path, before: str, after: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dice.commands.console import check_model_path, settings_from_args, stderr_console
+    from dice.commands.console import (
+        check_build_arguments,
+        check_model_path,
+        settings_from_args,
+        stderr_console,
+    )
     from dice.cuda_source import parse_document
 
     console = stderr_console(args.quiet)
     path: Path = args.file
     require_cuda_source(path)
-    text = read_text_file(path)
+    text, read_stat = read_text_and_stat(path, what="CUDA source")
     doc = parse_document(text)
     if not doc.masks:
         if args.json:
             empty = {"file": str(path), "model": None, "masks": [], "best_verdict": None}
-            print(json.dumps({**empty, "partial": False, "from_cache": False}, indent=2))
+            print_json({**empty, "partial": False, "from_cache": False}, indent=2)
         console.print(f"No masks in {path}: nothing to fill (a mask is a comment such as /* <MASK> */).")
         return 0
     try:
@@ -84,13 +97,16 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(problem)
     if args.force and not args.write:
         raise CliError("--force only makes sense with --write")
+    check_build_arguments(args)
+    if args.write:
+        check_writable(path)
     result = _fill(args, console, settings, path, text, doc)
     _report(console, result)
     if args.json:
-        print(json.dumps({"file": str(path), **result.to_json()}, indent=2, ensure_ascii=False))
+        print_json({"file": str(path), **result.to_json()}, indent=2, ensure_ascii=False)
     best_text = _keep_line_endings(text, result)
     if args.write:
-        _write(console, settings, path, text, best_text, result, force=args.force)
+        _write(console, settings, path, text, best_text, result, force=args.force, read_stat=read_stat)
     elif not args.json:
         if best_text == text:
             console.print(
@@ -216,9 +232,12 @@ def _write(
     result: DocumentCompletion,
     *,
     force: bool,
+    read_stat: os.stat_result | None = None,
 ) -> None:
     """``--write``: only fills that are usable (``dice.assistant.rules.usable``, as the editor shows them)
-    unless ``--force``, and never over an edit made on disk meanwhile."""
+    unless ``--force``, and never over an edit made on disk meanwhile (``text`` is what DICE read, compared
+    again with the file right before writing; ``read_stat``, the stat of that read, is compared by the
+    writer). The writer keeps symlinks, hard links, owner and mode (``dice.safeio.write_user_file``)."""
     from dice.assistant.rules import usable
     from dice.validator.verdict import verdict_label
 
@@ -234,8 +253,8 @@ def _write(
         raise CliError(
             f"not writing {path}: {why}; pass --force to write the best-ranked fills anyway", code=1
         )
-    if read_text_file(path) != text:
+    if read_text_file(path, what="CUDA source") != text:
         raise CliError(f"{path} changed on disk while DICE was working; not writing (run it again)", code=1)
-    write_atomically(path, best_text)
+    write_user_file(path, best_text, expected_stat=read_stat)
     plural = "s" if len(result.masks) != 1 else ""
     console.print(f"Wrote {path} ({len(result.masks)} mask{plural} filled).")

@@ -4,6 +4,8 @@ flags both commands take (verdict labels are ``dice.validator.verdict.verdict_la
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -148,6 +150,18 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME[=VALUE]",
         help="extra macro for the compile check (repeatable)",
     )
+
+
+def check_build_arguments(args: argparse.Namespace) -> None:
+    """CliError for a ``--compile-commands`` file that is not a regular file of a sane size (a FIFO or a
+    device would hang or flood the validator, which reads it); a folder is looked in, a missing path is the
+    validator's to report."""
+    from dice import safeio
+    from dice.commands.common import check_input_file
+
+    database = vars(args).get("compile_commands")
+    if database and os.path.lexists(database) and not os.path.isdir(database):
+        check_input_file(Path(database), what="compile database", max_bytes=safeio.CONFIG_LIMIT)
 
 
 def settings_from_args(args: argparse.Namespace) -> AssistantSettings:

@@ -7,14 +7,15 @@ a summary table, ``summary.json`` and a speedup plot. Re-running with the same `
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dice.commands.common import CliError
+from dice import safeio
+from dice.commands.common import CliError, check_input_file, print_json
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -94,18 +95,25 @@ class _Generator:
         self.args = args
         self._engine: Any = None
 
-    def program(self, problem: Any, sample: int) -> tuple[str | None, str]:
+    def program(self, problem: Any, sample: int) -> tuple[str | None, str, str]:
+        """(the program or None, where it comes from, why there is none)."""
         from dice.validator.kbeval import sample_path
 
         if self.saved_root is not None:
             path = sample_path(self.saved_root, problem, sample)
-            if not path.is_file():
-                return None, str(path)
-            return path.read_text(encoding="utf-8", errors="replace"), str(path)
-        path = sample_path(self.gen_root, problem, sample)
-        if not path.is_file():
-            self._generate(problem)
-        return (path.read_text(encoding="utf-8") if path.is_file() else None), str(path)
+        else:
+            path = sample_path(self.gen_root, problem, sample)
+            if not os.path.lexists(path):
+                self._generate(problem)
+        if not os.path.lexists(path):
+            return None, str(path), f"{path} is missing"
+        try:  # a saved program is a user's file: a regular file of a source's size, read with a bound
+            text = safeio.read_user_text(
+                path, max_bytes=safeio.SOURCE_LIMIT, what="program", errors="replace"
+            )
+        except safeio.UserFileError as exc:
+            return None, str(path), str(exc)
+        return text, str(path), ""
 
     def _generate(self, problem: Any) -> None:
         from dice.validator.kbeval import sample_path
@@ -176,14 +184,14 @@ def run_kernelbench(args: argparse.Namespace) -> int:
         "seconds_this_run": round(time.perf_counter() - start, 1),
         "source": str(args.generations) if args.generations else (args.model or "embedded model"),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    (out / "summary.json").write_text(safeio.dumps_strict(summary, indent=2) + "\n", encoding="utf-8")
     plot = plot_speedups(records, out / "speedups.png")
     _print_table(console, summary, ks)
     console.print(f"verdicts: {verdicts_path}  summary: {out / 'summary.json'}  plot: {plot}")
     if not pool.gpu:
         console.print("[yellow]no GPU: candidates were compile-checked only (Exec and fast_p are 0)[/]")
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print_json(summary, indent=2)
     return 0
 
 
@@ -197,7 +205,10 @@ def _select(args: argparse.Namespace) -> tuple[list[int], list[int], Path, list[
         levels = parse_int_set(args.level, "--level")
         ids = parse_int_set(args.problems, "--problems") if args.problems else None
         ks = parse_int_set(args.k, "--k") if args.k else sorted({1, args.samples})
+        if args.problems_file and os.path.lexists(args.problems_file):  # a FIFO or a device: say what it is
+            check_input_file(Path(args.problems_file), what="problems file", max_bytes=safeio.DATA_LIMIT)
         problems_file = find_problems_file(args.problems_file)
+        check_input_file(problems_file, what="problems file", max_bytes=safeio.DATA_LIMIT)
         problems = select_problems(load_problems(problems_file), levels, ids)
     except (ValueError, FileNotFoundError) as exc:
         raise CliError(str(exc)) from exc
@@ -237,7 +248,7 @@ def _validate(
 
         def record(meta: dict[str, Any], verdict: Verdict) -> None:
             rec = {**meta, "verdict": verdict.to_json()}
-            sink.write(json.dumps(rec) + "\n")
+            sink.write(safeio.dumps_strict(rec) + "\n")
             sink.flush()
             records.append(rec)
             progress.advance(bar)
@@ -248,10 +259,10 @@ def _validate(
                 meta = {"level": problem.level, "problem_id": problem.problem_id, "name": problem.name}
                 meta["sample"] = sample
                 progress.update(bar, description=f"L{problem.level}/{problem.problem_id} sample {sample}")
-                program, source = generator.program(problem, sample)
+                program, source, why = generator.program(problem, sample)
                 meta["source"] = source
                 if program is None:
-                    record(meta, Verdict("compile_error", False, message=f"no program: {source} is missing"))
+                    record(meta, Verdict("compile_error", False, message=f"no program: {why}"))
                     continue
                 try:
                     check_reference(problem.code)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import os
 from pathlib import Path
 
 from dice.assistant.settings import PROGRAM_MAX_NEW_TOKENS
-from dice.commands.common import CliError, write_atomically
+from dice.commands.common import CliError, check_writable, print_json, write_user_file
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -61,15 +61,16 @@ def run(args: argparse.Namespace) -> int:
 
     console = stderr_console(args.quiet)
     ref: Path = args.ref
-    source = read_text_file(ref)
+    source = read_text_file(ref, what="KernelBench reference")
     check_reference(ref, source)
     out: Path = args.out or ref.with_name(f"{ref.stem}_dice.py")
     if out.resolve() == ref.resolve():
         raise CliError(f"--out {out} is the reference itself; choose another file")
-    if out.exists() and not args.force:
+    if os.path.lexists(out) and not args.force:
         raise CliError(f"{out} exists; pass --force to overwrite it or choose another --out")
     if not out.parent.is_dir():
         raise CliError(f"{out.parent}: no such folder for --out")
+    check_writable(out, exclusive=not args.force)
     try:
         settings = settings_from_args(args)
     except ValueError as exc:
@@ -106,20 +107,19 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"  #{i + 1}: {verdict_label(program.verdict)} · confidence {program.confidence:.2f}")
     best = programs[0]
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "reference": str(ref),
-                    "out": str(out),
-                    "model": info.to_json(),
-                    "samples": [p.to_json() for p in programs],
-                },
-                indent=2,
-                ensure_ascii=False,
-            )
+        print_json(
+            {
+                "reference": str(ref),
+                "out": str(out),
+                "model": info.to_json(),
+                "samples": [p.to_json() for p in programs],
+            },
+            indent=2,
+            ensure_ascii=False,
         )
     text = program_with_header(best.source, best.verdict, reference_name=ref.name, model=info.describe())
-    write_atomically(out, text)
+    # without --force, a file that appeared at --out meanwhile is refused, never replaced
+    write_user_file(out, text, exclusive=not args.force)
     console.print(f"Wrote the best sample to {out}.")
     if not usable(best.verdict, settings.validation_level):
         message = first_line(best.verdict.message) if best.verdict is not None else ""

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
-from dice.commands.common import read_text_file, require_cuda_source
+from dice.commands.common import print_json, read_text_file, require_cuda_source
 from dice.cuda_source import CudaDocument, parse_document
 
 
@@ -28,10 +26,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     require_cuda_source(args.file)
-    doc = parse_document(read_text_file(args.file))
+    doc = parse_document(read_text_file(args.file, what="CUDA source"))
     if args.json:
-        json.dump([mask.to_json() for mask in doc.masks], sys.stdout, indent=2, ensure_ascii=False)
-        sys.stdout.write("\n")
+        print_json([mask.to_json() for mask in doc.masks], indent=2, ensure_ascii=False)
     else:
         print_table(args.file, doc)
     return 0

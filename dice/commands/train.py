@@ -7,10 +7,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from dice.commands.common import CliError
+from dice import safeio
+from dice.commands.common import CliError, check_input_file, print_json
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -84,6 +84,8 @@ def run_corpus(args: argparse.Namespace) -> int:
 
     if not args.data_dir.is_dir():
         raise CliError(f"{args.data_dir}: data folder not found")
+    if args.model_template:
+        check_input_file(args.model_template, what="config template", max_bytes=safeio.CONFIG_LIMIT)
     stats = build_corpus(
         CorpusConfig(
             args.data_dir,
@@ -104,7 +106,7 @@ def run_corpus(args: argparse.Namespace) -> int:
             from training.tokenizer import write_model_config
 
             write_model_config(args.model_template, args.out / "tokenizer", args.out / "init_config.json")
-    print(json.dumps(stats, indent=2))
+    print_json(stats, indent=2)
     return 0
 
 
@@ -112,8 +114,7 @@ def run_pack(args: argparse.Namespace) -> int:
     from engine.tokenizer import load_tokenizer
     from training.corpus import read_examples, tokenize_and_pack
 
-    if not args.examples.is_file():
-        raise CliError(f"{args.examples}: examples file not found")
+    check_input_file(args.examples, what="examples file", max_bytes=safeio.DATA_LIMIT)
     rows, stats = tokenize_and_pack(
         read_examples(args.examples),
         load_tokenizer(args.tokenizer),
@@ -122,7 +123,7 @@ def run_pack(args: argparse.Namespace) -> int:
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows.save(args.out)
-    print(json.dumps(stats, indent=2))
+    print_json(stats, indent=2)
     return 0
 
 
@@ -136,7 +137,7 @@ def run_sft(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliError(str(exc)) from exc
     summary = main(cfg)
-    print(json.dumps(summary, indent=2))
+    print_json(summary, indent=2)
     return 0
 
 
@@ -145,8 +146,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     if not args.model.is_dir():
         raise CliError(f"{args.model}: checkpoint folder not found")
-    if not args.heldout.is_file():
-        raise CliError(f"{args.heldout}: held-out file not found")
+    check_input_file(args.heldout, what="held-out file", max_bytes=safeio.DATA_LIMIT)
     result = evaluate_heldout(
         args.model,
         args.heldout,
@@ -156,6 +156,6 @@ def run_eval(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result["summary"], indent=2))
+    args.out.write_text(safeio.dumps_strict(result, indent=2) + "\n")
+    print_json(result["summary"], indent=2)
     return 0

@@ -8,13 +8,12 @@ protocol. Exit codes: 0 compiled/correct, 1 the candidate failed (any other stat
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from dice.commands.common import CliError, read_text_file
-from dice.commands.console import add_build_arguments
+from dice.commands.common import CliError, print_json, read_text_file
+from dice.commands.console import add_build_arguments, check_build_arguments
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -76,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     if len(files) == 1:
         if files[0].suffix.lower() not in (".cu", ".cuh"):
             raise CliError(f"{files[0]}: expected a .cu/.cuh file, or two files REF.py CANDIDATE.py")
-        text = read_text_file(files[0])
+        text = read_text_file(files[0], what="CUDA source")
+        check_build_arguments(args)
         with ValidatorPool(1, timeout_s=args.timeout, build_timeout_s=args.build_timeout) as pool:
             build = BuildOptions(
                 compile_commands=args.compile_commands or None,
@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
             )
             verdict = _wait(future, f"validating {files[0].name}", quiet=args.json)
     elif len(files) == 2:
-        ref_src, cand_src = read_text_file(files[0]), read_text_file(files[1])
+        ref_src = read_text_file(files[0], what="KernelBench reference")
+        cand_src = read_text_file(files[1], what="candidate")
         with ValidatorPool(1, timeout_s=args.timeout, build_timeout_s=args.build_timeout) as pool:
             try:
                 future = pool.submit_kernelbench(
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("expected FILE.cu, or REF.py CANDIDATE.py")
 
     if args.json:
-        print(json.dumps(verdict.to_json(), indent=2))
+        print_json(verdict.to_json(), indent=2)
     else:
         from rich.console import Console
 

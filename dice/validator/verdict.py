@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from dice.safeio import non_finite_value, strict_json
+
 Status = Literal["correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "compiled"]
 STATUSES: tuple[str, ...] = (
     "correct",
@@ -37,6 +39,7 @@ def speedup_flags(speedup: float | None) -> tuple[list[str], str]:
 
 
 MAX_LOG_CHARS = 20_000
+_NUMBERS = ("speedup", "ref_ms", "new_ms", "max_abs_err")  # the float fields (NaN/inf: "non_finite" in JSON)
 
 
 @dataclass
@@ -87,29 +90,37 @@ class Verdict:
         return self.status in ("correct", "compiled")
 
     def to_json(self) -> dict[str, Any]:
-        """The verdict object of docs/CONTRACTS.md plus ``flags``, ``diagnostics`` and ``unchecked``."""
-        return {
-            "status": self.status,
-            "compiled": self.compiled,
-            "correct": self.correct,
-            "speedup": self.speedup,
-            "ref_ms": self.ref_ms,
-            "new_ms": self.new_ms,
-            "max_abs_err": self.max_abs_err,
-            "message": self.message,
-            "log": self.log,
-            "flags": list(self.flags),
-            "diagnostics": [dict(d) for d in self.diagnostics],
-            "unchecked": [dict(u) for u in self.unchecked],
-        }
+        """The verdict object of docs/CONTRACTS.md plus ``flags``, ``diagnostics`` and ``unchecked``.
+
+        Strict JSON (``dice.safeio.strict_json``): a NaN or infinite number (``max_abs_err`` of a NaN
+        output, ``speedup`` over a zero time) is null, named with its spelling in ``"non_finite"``
+        (``{"max_abs_err": "Infinity"}``; the key is there only then); :meth:`from_json` restores it."""
+        return strict_json(
+            {
+                "status": self.status,
+                "compiled": self.compiled,
+                "correct": self.correct,
+                "speedup": self.speedup,
+                "ref_ms": self.ref_ms,
+                "new_ms": self.new_ms,
+                "max_abs_err": self.max_abs_err,
+                "message": self.message,
+                "log": self.log,
+                "flags": list(self.flags),
+                "diagnostics": [dict(d) for d in self.diagnostics],
+                "unchecked": [dict(u) for u in self.unchecked],
+            }
+        )
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Verdict:
         names = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in obj.items() if k in names}
-        for key in ("speedup", "ref_ms", "new_ms", "max_abs_err"):
+        for key in _NUMBERS:
             if kwargs.get(key) is not None:
                 kwargs[key] = float(kwargs[key])
+            else:
+                kwargs[key] = non_finite_value(obj, key)
         return cls(**kwargs)
 
     def summary(self) -> str:
@@ -140,7 +151,7 @@ def verdict_label(verdict: Verdict | Mapping[str, Any] | None) -> str:
     status = v.get("status")
     # a run or build that failed before the compiler finished says nothing about compiling
     compiled = "compiled ✓ · " if v.get("compiled") else ""
-    speedup, err = v.get("speedup"), v.get("max_abs_err")
+    speedup, err = _number(v, "speedup"), _number(v, "max_abs_err")
     if status == "correct":
         text = "compiled ✓ · correct ✓"
         if isinstance(speedup, (int, float)):
@@ -172,6 +183,12 @@ def verdict_label(verdict: Verdict | Mapping[str, Any] | None) -> str:
     if flags:
         text += " · flags: " + ", ".join(flags)
     return text
+
+
+def _number(v: Mapping[str, Any], key: str) -> Any:
+    """A number of the verdict object; one the JSON had to write as null comes back from ``non_finite``."""
+    value = v.get(key)
+    return non_finite_value(v, key) if value is None else value
 
 
 def _not_checked_reason(v: Mapping[str, Any]) -> str:
