@@ -306,6 +306,29 @@ class Engine:
         return self._completions(out, [self.tokenizer.decode(row) for row in out.ids])
 
 
+def _check_token_ids(folder: Path, tokenizer: Tokenizer, vocab: int) -> None:
+    """CheckpointError when the tokenizer makes ids the model has no embedding for (an id past vocab_size
+    would fail inside the first forward, or silently read another row on some devices)."""
+    if tokenizer.vocab_size > vocab:
+        raise CheckpointError(
+            f"{folder}: the tokenizer has {tokenizer.vocab_size} tokens but config.json vocab_size is "
+            f"{vocab}: ids from {vocab} on would have no embedding"
+        )
+    special = {
+        "eos": tokenizer.eos_id,
+        "pad": tokenizer.pad_id,
+        "mask": tokenizer.mask_id,
+        "<|im_start|>": tokenizer.im_start_id,
+        "<|im_end|>": tokenizer.im_end_id,
+    }
+    for name, token_id in special.items():
+        if token_id is not None and not 0 <= token_id < vocab:
+            raise CheckpointError(
+                f"{folder}: the tokenizer's {name} token id {token_id} is outside "
+                f"config.json vocab_size {vocab}"
+            )
+
+
 def load_engine(
     path: str | Path | None = None,
     *,
@@ -335,6 +358,7 @@ def load_engine(
         )
     model = load_model(folder, device=dev, dtype=target)
     tokenizer = load_tokenizer(folder, mask_id=model.config.mask_token_id)
+    _check_token_ids(folder, tokenizer, model.config.vocab_size)
     return Engine(
         model,
         tokenizer,

@@ -19,7 +19,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from engine.errors import ConfigError, UnsupportedArchitectureError
+from engine.config_checks import (  # noqa: F401 - re-exported: the names callers know
+    KNOWN_ARCHITECTURES,
+    KNOWN_MODEL_TYPES,
+    REQUIRED_FIELDS,
+    config_fields,
+)
+from engine.errors import ConfigError
 
 if TYPE_CHECKING:
     from engine.kv_cache import KVCache
@@ -30,16 +36,6 @@ except ImportError:  # pragma: no cover - torch < 2.5
     BlockMask = None
     create_block_mask = None
     flex_attention = None
-
-KNOWN_MODEL_TYPES = frozenset({"sdar", "qwen3"})
-KNOWN_ARCHITECTURES = frozenset({"SDARForCausalLM", "SDARModel", "Qwen3ForCausalLM"})
-REQUIRED_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-)
 
 
 @dataclass(frozen=True)
@@ -71,90 +67,26 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "config") -> ModelConfig:
-        """Validate and convert a parsed config.json; ``source`` names the file in error messages."""
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"{source}: expected a JSON object, got {type(data).__name__}")
-        model_type = data.get("model_type")
-        if model_type is not None and model_type not in KNOWN_MODEL_TYPES:
-            raise UnsupportedArchitectureError(
-                f"{source}: model_type {model_type!r} is not supported (this engine runs "
-                f"{sorted(KNOWN_MODEL_TYPES)}: SDAR/DICE block-diffusion Qwen3 decoders)"
-            )
-        architectures = tuple(data.get("architectures") or ("SDARForCausalLM",))
-        unknown = [a for a in architectures if a not in KNOWN_ARCHITECTURES]
-        if unknown:
-            raise UnsupportedArchitectureError(
-                f"{source}: architecture {unknown[0]!r} is not supported "
-                f"(known: {sorted(KNOWN_ARCHITECTURES)})"
-            )
-        missing = [name for name in REQUIRED_FIELDS if data.get(name) is None]
-        if missing:
-            raise ConfigError(f"{source}: required field(s) missing: {', '.join(missing)}")
-
-        def integer(name: str, default: int | None = None) -> int:
-            value = data.get(name, default)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"{source}: {name} must be a positive integer, got {value!r}")
-            return value
-
-        heads = integer("num_attention_heads")
-        hidden = integer("hidden_size")
-        kv_heads = integer("num_key_value_heads", heads)
-        if heads % kv_heads:
-            raise ConfigError(
-                f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
-            )
-        head_dim = data.get("head_dim")
-        head_dim = integer("head_dim") if head_dim is not None else hidden // heads
-        if head_dim % 2:
-            raise ConfigError(f"{source}: head_dim must be even for rotary embeddings, got {head_dim}")
-        if data.get("hidden_act", "silu") != "silu":
-            raise ConfigError(
-                f"{source}: hidden_act {data['hidden_act']!r} is not supported (SwiGLU uses silu)"
-            )
-        rope_scaling = data.get("rope_scaling")
-        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) not in (None, "default"):
-            raise ConfigError(f"{source}: rope_scaling {rope_scaling!r} is not supported (only plain RoPE)")
-        if data.get("use_sliding_window"):
-            raise ConfigError(f"{source}: use_sliding_window=true is not supported")
-        mask_token_id = data.get("mask_token_id")
-        eos = data.get("eos_token_id")
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(
-            vocab_size=integer("vocab_size"),
-            hidden_size=hidden,
-            intermediate_size=integer("intermediate_size"),
-            num_hidden_layers=integer("num_hidden_layers"),
-            num_attention_heads=heads,
-            num_key_value_heads=kv_heads,
-            head_dim=head_dim,
-            rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(data.get("rope_theta", 1_000_000.0)),
-            max_position_embeddings=integer("max_position_embeddings", 32768),
-            tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
-            attention_bias=bool(data.get("attention_bias", False)),
-            block_size=integer("block_size", 4),
-            mask_token_id=int(mask_token_id) if mask_token_id is not None else None,
-            bos_token_id=data.get("bos_token_id"),
-            eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
-            pad_token_id=data.get("pad_token_id"),
-            model_type=model_type or "sdar",
-            architectures=architectures,
-            torch_dtype=data.get("torch_dtype", data.get("dtype")),
-            extra={k: v for k, v in data.items() if k not in known and k != "dtype"},
-        )
+        """Validate and convert a parsed config.json; ``source`` names the file in error messages. Every
+        field's type and bounds are checked (:mod:`engine.config_checks`) before anything is sized by it."""
+        known = frozenset(f.name for f in dataclasses.fields(cls))
+        return cls(**config_fields(data, source, known))
 
     @classmethod
     def from_json(cls, path: str | Path) -> ModelConfig:
         path = Path(path)
-        if path.is_dir():
+        if path.is_dir() and path.name != "config.json":
             path = path / "config.json"
+        if path.is_dir():
+            raise ConfigError(f"{path}: is a folder, not a file (config.json must be a JSON file)")
         if not path.is_file():
             raise ConfigError(f"{path}: config.json not found")
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: not valid JSON ({exc})") from exc
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from exc
         return cls.from_dict(data, source=str(path))
 
     def to_dict(self) -> dict[str, Any]:

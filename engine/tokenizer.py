@@ -23,6 +23,13 @@ QWEN2_SPLIT = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 MASK_NAMES = ("<|MASK|>", "<MASK>", "<|mask|>")
+TOKENIZER_FILE_NAMES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+)
 
 
 class Tokenizer:
@@ -154,8 +161,13 @@ def load_tokenizer(path: str | Path, *, mask_id: int | None = None) -> Tokenizer
     folder = Path(path)
     if folder.is_file():
         folder = folder.parent
+    for name in TOKENIZER_FILE_NAMES:
+        if (folder / name).exists() and not (folder / name).is_file():
+            raise CheckpointError(f"{folder / name}: is a folder, not a file")
     tok_config_path = folder / "tokenizer_config.json"
     tok_config = _read_json(tok_config_path) if tok_config_path.is_file() else {}
+    if not isinstance(tok_config, dict):
+        raise CheckpointError(f"{tok_config_path}: expected a JSON object, got {type(tok_config).__name__}")
     if (folder / "tokenizer.json").is_file():
         try:
             backend = _Backend.from_file(str(folder / "tokenizer.json"))

@@ -4,14 +4,28 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dice.validator.diagnostics import FileMapping, parse_compiler_output, to_diagnostics
+from dice.validator.diagnostics import (
+    FileMapping,
+    outside_source_checker,
+    parse_compiler_output,
+    redact_outside_sources,
+    to_diagnostics,
+)
+from dice.validator.limits import (
+    NVCC_TIMEOUT_S,
+    NVRTC,
+    NVRTC_TIMEOUT_S,
+    Outcome,
+    compile_memory_bytes,
+    describe_bytes,
+    run_command,
+)
 from dice.validator.paths import cuda_include_dirs, default_arch, nvcc_path
 
 # "<file>(<1-based line>): error: <text>" from NVRTC and nvcc (also "catastrophic error", "warning #177-D").
@@ -22,6 +36,7 @@ COMPILER_LINE = re.compile(
 )
 
 NVRTC_STD_OPTIONS: tuple[str, ...] = ("-std=c++17",)
+NVRTC_PROGRAM = "dice_device.cu"  # the name NVRTC gives the in-memory program in its messages
 
 
 @dataclass
@@ -110,6 +125,8 @@ def nvrtc_compile(
     stub_header_prefixes: Sequence[str] = (),
     name_expressions: Sequence[str] = (),
     include_site: Callable[[str], int | None] | None = None,
+    timeout_s: float = NVRTC_TIMEOUT_S,
+    memory_bytes: int | None = None,
 ) -> CompileResult:
     """Compile device code to a cubin with NVRTC; works on a machine without a GPU.
 
@@ -118,6 +135,11 @@ def nvrtc_compile(
     argument the device code does not define) is left out and the compile retried:
     :attr:`CompileResult.instantiated` lists those that were used. ``options`` may carry the project's
     ``-I``/``-D``/``-std``; the C++ standard is never below C++17 (libcu++ needs it).
+
+    Each compile runs in this process's NVRTC child (:class:`dice.validator.limits.NvrtcProcess`):
+    ``timeout_s`` bounds all of them together (then :attr:`CompileResult.timed_out`), ``memory_bytes`` the
+    child's address space (None: :func:`~dice.validator.limits.compile_memory_bytes`). Source lines of
+    files outside the include path that the log would quote are redacted (:func:`redact_outside_sources`).
     """
     arch = arch or default_arch()
     std = [o for o in options if o.startswith("-std=")]
@@ -130,8 +152,14 @@ def nvrtc_compile(
     start = time.perf_counter()
     stubs: list[str] = []
     names = list(dict.fromkeys(name_expressions))
+    memory = compile_memory_bytes() if memory_bytes is None else memory_bytes
     for _ in range(32 + len(names)):
-        ok, log = _nvrtc_once(source, opts, stubs, names)
+        left = timeout_s - (time.perf_counter() - start)
+        request = {"source": source, "options": opts, "stubs": stubs, "names": names}
+        outcome = NVRTC.compile(request, timeout_s=max(left, 0.01), memory_bytes=memory)
+        if outcome.status != "ok":
+            return _nvrtc_failure(outcome, timeout_s, memory, time.perf_counter() - start, arch)
+        ok, log = bool(outcome.value["ok"]), str(outcome.value["log"])
         bad = _bad_name_expressions(log, names) if not ok else []
         if bad:
             names = [n for n in names if n not in bad]
@@ -145,11 +173,35 @@ def nvrtc_compile(
             break
         stubs.append(missing.group("name"))
     log = log.rstrip("\x00").strip()
+    if "out of memory" in log:
+        log += f"\n(NVRTC may use {describe_bytes(memory)} of address space here)"
+    outside = outside_source_checker(
+        [o[2:] for o in opts if o.startswith("-I") and len(o) > 2],
+        cwd=os.getcwd(),
+        own=[NVRTC_PROGRAM, display_name, *stubs],
+    )
+    log = redact_outside_sources(log, outside)
     if stubs:
         log = (f"(empty stand-ins used for host-only headers: {', '.join(stubs)})\n" + log).strip()
     log, diagnostics = map_compiler_log(log, line_map, display_name, include_site=include_site)
     result = CompileResult(ok, log, diagnostics, time.perf_counter() - start, "nvrtc", f"sm_{arch}")
     result.instantiated = names
+    return result
+
+
+def _nvrtc_failure(
+    outcome: Outcome, timeout_s: float, memory: int, seconds: float, arch: str
+) -> CompileResult:
+    """The result of an NVRTC compile that did not answer: killed at the deadline, or its process died."""
+    if outcome.status == "timeout":
+        log = (
+            f"NVRTC did not finish within {timeout_s:g} s and was stopped (a macro or #include that "
+            "expands without end?)"
+        )
+    else:
+        log = f"NVRTC failed: {outcome.detail} (memory limit {describe_bytes(memory)})"
+    result = CompileResult(False, log, [], seconds, "nvrtc", f"sm_{arch}")
+    result.timed_out = outcome.status == "timeout"
     return result
 
 
@@ -160,25 +212,6 @@ def nvrtc_std_options(requested: Sequence[str]) -> list[str]:
     if digits and int(digits.group(1)) in (20, 23, 26):
         return [newest]
     return list(NVRTC_STD_OPTIONS)
-
-
-def _nvrtc_once(
-    source: str, opts: Sequence[str], stubs: Sequence[str], names: Sequence[str]
-) -> tuple[bool, str]:
-    from cupy_backends.cuda.libs import nvrtc
-
-    prog = nvrtc.createProgram(source, "dice_device.cu", [b""] * len(stubs), [s.encode() for s in stubs])
-    try:
-        for name in names:
-            nvrtc.addNameExpression(prog, name)
-        try:
-            nvrtc.compileProgram(prog, list(opts))
-            ok = True
-        except nvrtc.NVRTCError:
-            ok = False
-        return ok, nvrtc.getProgramLog(prog) or ""
-    finally:
-        nvrtc.destroyProgram(prog)
 
 
 _NAME_MAP_ERROR = re.compile(r'Input name expression was: "(?P<name>[^"]*)"')
@@ -200,9 +233,12 @@ def nvcc_compile_check(
     workdir: Path,
     display_name: str = "kernel.cu",
     arch: str | None = None,
-    timeout_s: float = 300.0,
+    timeout_s: float = NVCC_TIMEOUT_S,
+    memory_bytes: int | None = None,
 ) -> CompileResult | None:
-    """Compile a whole file with host code (``main``) to an object with nvcc; None when nvcc is absent."""
+    """Compile a whole file with host code (``main``) to an object with nvcc; None when nvcc is absent.
+    nvcc runs under :func:`dice.validator.limits.run_command` (its whole process tree killed at
+    ``timeout_s``, each process capped at ``memory_bytes``)."""
     nvcc = nvcc_path()
     if nvcc is None:
         return None
@@ -210,22 +246,15 @@ def nvcc_compile_check(
     src = workdir / "kernel.cu"
     src.write_text(text, encoding="utf-8")
     cmd = [nvcc, "-c", "-std=c++17", f"-arch=sm_{arch}", "-o", str(workdir / "kernel.o"), str(src)]
-    start = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            cmd,
-            cwd=workdir,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env={**os.environ, "LC_ALL": "C"},
+    env = {**os.environ, "LC_ALL": "C"}
+    proc = run_command(cmd, cwd=workdir, env=env, timeout_s=timeout_s, memory_bytes=memory_bytes)
+    if proc.returncode is None:
+        result = CompileResult(
+            False, f"nvcc took longer than {timeout_s:g} s", [], proc.seconds, "nvcc", f"sm_{arch}"
         )
-    except subprocess.TimeoutExpired:
-        return CompileResult(
-            False, f"nvcc took longer than {timeout_s:.0f} s", [], timeout_s, "nvcc", f"sm_{arch}"
-        )
-    log = (proc.stdout + proc.stderr).strip().replace(str(src), display_name)
+        result.timed_out = True
+        return result
+    outside = outside_source_checker([str(workdir)], cwd=str(workdir), own=[str(src), display_name])
+    log = redact_outside_sources((proc.stdout + proc.stderr).strip(), outside).replace(str(src), display_name)
     log, diagnostics = map_compiler_log(log, None, display_name)
-    return CompileResult(
-        proc.returncode == 0, log, diagnostics, time.perf_counter() - start, "nvcc", f"sm_{arch}"
-    )
+    return CompileResult(proc.returncode == 0, log, diagnostics, proc.seconds, "nvcc", f"sm_{arch}")

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from dice.validator.limits import NVCC_TIMEOUT_S, NVRTC_TIMEOUT_S
+
 
 class Integrity:
     """Identities of the library functions timing and comparison rely on, taken before any candidate runs."""
@@ -76,6 +78,10 @@ class WorkerContext:
         self.task_deps: list[str] = []
         self._lock_fd: int | None = None
         self._task_counter = 0
+        # the compile checks' deadlines and memory cap (dice.validator.limits), set per task by the pool
+        self.nvrtc_timeout_s = NVRTC_TIMEOUT_S
+        self.nvcc_timeout_s = NVCC_TIMEOUT_S
+        self.compile_memory_bytes: int | None = None
         if self.gpu:
             import torch
 
@@ -94,6 +100,14 @@ class WorkerContext:
                 torch.ones(1, device="cuda").add_(1)
                 torch.cuda.synchronize()
         self.integrity = Integrity()
+
+    def set_limits(self, limits: dict[str, Any] | None) -> None:
+        """A task's compile limits (``{"nvrtc_s", "nvcc_s", "memory_bytes"}``; missing: the defaults)."""
+        limits = limits or {}
+        self.nvrtc_timeout_s = float(limits.get("nvrtc_s") or NVRTC_TIMEOUT_S)
+        self.nvcc_timeout_s = float(limits.get("nvcc_s") or NVCC_TIMEOUT_S)
+        memory = limits.get("memory_bytes")
+        self.compile_memory_bytes = int(memory) if memory else None
 
     def send(self, obj: dict[str, Any]) -> None:
         self.out.write(json.dumps(obj) + "\n")

@@ -99,8 +99,15 @@ def run_compile_checks(
         options=checks.nvrtc_options,
         name_expressions=names,
         include_site=sites,
+        timeout_s=ctx.nvrtc_timeout_s,
+        memory_bytes=ctx.compile_memory_bytes,
     )
     checks.nvrtc = nvrtc
+    if nvrtc.timed_out:  # nvcc would expand the same macros: the check ends here
+        checks.error = Verdict(
+            "timeout", False, message=f"timed out: {nvrtc.log}\nchecked: nothing", log=nvrtc.log
+        )
+        return checks
     nvrtc_unchecked = unchecked_ranges(
         doc, nvcc_compiled=False, device=device, nvrtc_names=nvrtc.instantiated
     )
@@ -117,6 +124,9 @@ def run_compile_checks(
             user_path=file.path,
             display_name=file.filename,
             cache_root=ctx.cache_dir,
+            timeout_s=ctx.nvcc_timeout_s,
+            memory_bytes=ctx.compile_memory_bytes,
+            source_roots=[r for r in (file.build.workspace_root if file.build else None,) if r],
         )
     if nvcc is not None and not nvcc.timed_out:
         checks.deps = project_deps(nvcc.deps)
@@ -147,7 +157,7 @@ def _first_error(file: CuFile, result: CompileResult, fallback: str) -> str:
     if errors:
         return format_diagnostic(file.filename, errors[0])
     for line in result.log.splitlines():
-        if "error" in line or "fatal" in line:
+        if "error" in line or "fatal" in line or "out of memory" in line:
             return line.strip()
     return fallback
 

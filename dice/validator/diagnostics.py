@@ -18,6 +18,7 @@ put on the user's file at the instantiation or include site that leads to it. Ea
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -340,3 +341,130 @@ def ptx_line_finder(is_user: Callable[[str | None], bool], keep_dir: str) -> Cal
         return None
 
     return find
+
+
+# --------------------------------------------------------------------------------------------- redaction
+# Compilers echo the source line of each diagnostic, so `#include "/any/local/file"` in a candidate would
+# quote that file into the verdict's log. Lines of files outside the allowed roots (the user's folder, the
+# include path, the system's CUDA/C++/torch/Python headers) are replaced; the message and location stay.
+REDACTED = "[source line not shown: {name} is outside the project and its include path]"
+SYSTEM_HEADER_ROOTS = ("/usr/include", "/usr/local/include", "/usr/lib/gcc", "/usr/local/cuda", "/opt/cuda")
+_GCC_GUTTER = re.compile(r"^(?P<gutter>\s*\d*\s*\|)(?P<text>.*)$")  # gcc >= 9: "   12 | text", "      |  ^~"
+_MARKS_ONLY = re.compile(r"^[\s^~|+-]*$")  # caret and range marks: positions, no text of the file
+_QUOTED = re.compile(r"\"([^\"\n]+)\"|'([^'\n]+)'|\u2018([^\u2019\n]+)\u2019")
+
+
+@functools.lru_cache(maxsize=1)
+def system_header_roots() -> tuple[str, ...]:
+    """The folders of the CUDA, C++, torch and Python headers a compile may read and quote."""
+    import importlib.util
+    import sysconfig
+
+    from dice.validator.paths import cuda_include_dirs, pip_cuda_include_dir, toolkit_include_dir
+
+    roots = [*SYSTEM_HEADER_ROOTS, *cuda_include_dirs()]
+    roots += [d for d in (toolkit_include_dir(), pip_cuda_include_dir()) if d]
+    roots.append(sysconfig.get_paths().get("include", ""))
+    spec = importlib.util.find_spec("torch")  # finds the package without importing it
+    if spec is not None and spec.origin:
+        roots.append(os.path.join(os.path.dirname(spec.origin), "include"))
+    return tuple(dict.fromkeys(os.path.realpath(r) for r in roots if r))
+
+
+def outside_source_checker(
+    roots: Sequence[str], *, cwd: str, own: Sequence[str] = ()
+) -> Callable[[str], bool]:
+    """A function telling whether a file name printed by a compiler is outside ``roots`` (plus the system
+    header roots). ``own``: names of the compiler's own inputs (the temporary source, the user's file, an
+    in-memory program), never outside. A relative name is tried against ``cwd`` and each root; a name that
+    is no file there (nothing shows where it came from) counts as outside, as does one that resolves
+    outside any root (through ``..`` or symlinks too)."""
+    real_roots = [os.path.realpath(r) for r in roots if r] + list(system_header_roots())
+    own_names = {n for n in own if n}
+    seen: dict[str, bool] = {}
+
+    def inside(real: str) -> bool:
+        return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in real_roots)
+
+    def outside(name: str) -> bool:
+        if name in own_names:
+            return False
+        if name not in seen:
+            tries = [name] if os.path.isabs(name) else [os.path.join(d, name) for d in (cwd, *roots) if d]
+            found = [os.path.realpath(t) for t in tries if os.path.exists(t)]
+            seen[name] = not found or not all(inside(real) for real in found)
+        return seen[name]
+
+    return outside
+
+
+def redact_outside_sources(log: str, outside: Callable[[str], bool]) -> str:
+    """``log`` with the source lines compilers echo under diagnostics in files where ``outside(file)``
+    holds replaced, and fragments of those lines quoted in the diagnostics' messages replaced by ``…``
+    (``identifier "hunter2" is undefined``), as are the declarations gcc's context lines quote (``x.h: In
+    function '…':``). Locations, messages and caret lines stay. Reads EDG (NVRTC, cudafe++) and gcc
+    output (with or without line-number gutters)."""
+    lines = log.splitlines()
+    i = 0
+    while i < len(lines):
+        context = GCC_CONTEXT.match(lines[i])
+        if context and outside(context.group("file").strip()):
+            # "x.h: In function 'int secret()':" names a declaration of the file: hidden whole
+            lines[i] = _QUOTED.sub(functools.partial(_hide_quoted, texts=None), lines[i])
+            i += 1
+            continue
+        m = EDG_LINE.match(lines[i]) or GCC_LINE.match(lines[i])
+        name = m.group("file") if m else None
+        if not name or not outside(name):
+            i += 1
+            continue
+        end = _diagnostic_end(lines, i, gcc=not EDG_LINE.match(lines[i]))
+        echoed = _echoed_lines(lines, i, end)
+        texts = [lines[k] for k in echoed]
+        for k in echoed:
+            g = _GCC_GUTTER.match(lines[k])
+            indent = g.group("gutter") + " " if g else lines[k][: len(lines[k]) - len(lines[k].lstrip())]
+            lines[k] = indent + REDACTED.format(name=name)
+        for k in range(i, end):
+            if k not in echoed:
+                lines[k] = _QUOTED.sub(functools.partial(_hide_quoted, texts=texts), lines[k])
+        i = end
+    return "\n".join(lines)
+
+
+def _diagnostic_end(lines: Sequence[str], i: int, *, gcc: bool) -> int:
+    """The index after diagnostic ``i``'s own lines: up to a blank line or the next diagnostic (EDG), or
+    over the gutter / source-and-caret lines that follow it (gcc)."""
+    j = i + 1
+    if not gcc:
+        while j < len(lines) and lines[j].strip() and not EDG_LINE.match(lines[j]):
+            j += 1
+        return j
+    while j < len(lines) and _GCC_GUTTER.match(lines[j]):
+        j += 1
+    if j == i + 1 and j + 1 < len(lines) and _MARKS_ONLY.match(lines[j + 1]) and "^" in lines[j + 1]:
+        j += 2  # gcc without gutters: the source line, then the caret line
+    return j
+
+
+def _echoed_lines(lines: Sequence[str], i: int, end: int) -> set[int]:
+    """Which of lines ``i+1 .. end-1`` quote the file: the line above each caret line (EDG and gcc without
+    gutters), every gutter line that is not marks only (gcc)."""
+    echoed: set[int] = set()
+    for k in range(i + 1, end):
+        g = _GCC_GUTTER.match(lines[k])
+        if g:
+            if not _MARKS_ONLY.match(g.group("text")):
+                echoed.add(k)
+        elif _MARKS_ONLY.match(lines[k]) and "^" in lines[k] and k - 1 > i:
+            echoed.add(k - 1)
+    return echoed
+
+
+def _hide_quoted(match: re.Match[str], texts: Sequence[str] | None) -> str:
+    """The quoted fragment with its text replaced by ``…`` when it occurs in one of ``texts`` (always
+    when ``texts`` is None)."""
+    inner = next(g for g in match.groups() if g is not None)
+    if texts is not None and not any(inner in text for text in texts):
+        return match.group(0)
+    return match.group(0).replace(inner, "…")

@@ -5,6 +5,12 @@ Builds run in parallel in all workers; running and timing take the GPU's file lo
 the machine, so timings never overlap. Each task has per-phase deadlines (build, then run): when one passes,
 the worker's whole process group is killed and a fresh worker replaces it; a worker that crashes (segfault,
 illegal address) costs only its task. Workers run in their own temporary folder (cwd, HOME and TMPDIR).
+
+A ``.cu`` task's compilers have editor-sized deadlines of their own, enforced in the worker
+(:mod:`dice.validator.limits`: NVRTC and nvcc run in killable children under a memory cap), so a macro bomb
+costs its deadline, not the worker. Workers die with their owner (``PR_SET_PDEATHSIG``, and a watchdog on
+the result pipe: :mod:`dice.validator.lifeline`); a worker folder records its owner, and folders of owners
+that no longer run are removed when the next pool starts.
 """
 
 from __future__ import annotations
@@ -31,12 +37,23 @@ from typing import Any
 
 from dice.validator.build_flags import BuildOptions
 from dice.validator.compdb import database_stamps
+from dice.validator.lifeline import (
+    WORKER_PREFIX,
+    kill_session,
+    remove_stale_folders,
+    start_time,
+    write_owner,
+)
+from dice.validator.limits import NVCC_TIMEOUT_S, NVRTC_TIMEOUT_S
 from dice.validator.paths import cache_dir, source_hash
 from dice.validator.reference import check_reference
 from dice.validator.spec_files import dependency_stamps, stamps_current
 from dice.validator.verdict import Verdict, error_verdict
 
 STARTUP_TIMEOUT_S = 180.0
+# The build phase of a .cu task beyond its NVRTC and nvcc deadlines (parsing, extraction, the nvcc cache):
+# past it the pool kills the worker, as for any phase.
+CU_BUILD_MARGIN_S = 60.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -71,7 +88,8 @@ class _Worker:
     """One worker subprocess: JSON tasks on stdin, JSON events on a private pipe, output to a log file."""
 
     def __init__(self, *, gpu_index: int | None, cache: Path, max_jobs: int) -> None:
-        self.workdir = Path(tempfile.mkdtemp(prefix="dice-worker-"))
+        self.workdir = Path(tempfile.mkdtemp(prefix=WORKER_PREFIX))
+        write_owner(self.workdir)
         (self.workdir / "tmp").mkdir()
         self.log_path = self.workdir / "worker.log"
         self.tasks_done = 0
@@ -91,6 +109,7 @@ class _Worker:
                 "CUPY_CACHE_DIR": str(cache / "cupy"),
                 "TORCH_EXTENSIONS_DIR": str(cache / "torch_ext"),
                 "MAX_JOBS": str(max_jobs),
+                "DICE_WORKER_OWNER": str(os.getpid()),
             }
         )
         if gpu_index is not None:
@@ -118,6 +137,9 @@ class _Worker:
             )
         finally:
             os.close(write_fd)
+        self.started = start_time(self.proc.pid)
+        with contextlib.suppress(OSError):
+            write_owner(self.workdir, worker=self.proc.pid)
         self._read_fd = read_fd
         self._buffer = b""
         self.info = self.recv(STARTUP_TIMEOUT_S)
@@ -176,6 +198,8 @@ class _Worker:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 self.proc.kill()
+        # what the worker started in process groups of its own (nvcc and its compilers) is in its session
+        kill_session(self.proc.pid, not_before=self.started)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
         for closer in (
@@ -212,6 +236,10 @@ class ValidatorPool:
     ``workers``: parallel slots (default: up to 8 with a GPU, since builds are CPU-bound and runs are
     serialised per GPU; up to 4 without). ``timeout_s`` bounds the run phase (a kernel that never ends),
     ``build_timeout_s`` the compile phase (a cold ``load_inline`` build takes tens of seconds).
+    ``nvrtc_timeout_s`` and ``nvcc_timeout_s`` bound a ``.cu`` task's compilers (a fill's NVRTC check takes
+    0.04 s to 1.4 s, nvcc 2 s to 13 s), each compiler process limited to ``compile_memory_mb`` of address
+    space (None: :func:`dice.validator.limits.compile_memory_bytes`); the task's whole build phase then
+    gets their sum plus :data:`CU_BUILD_MARGIN_S`, at most ``build_timeout_s``.
     Identical requests are answered from an in-memory verdict cache. ``prewarm`` workers are started at
     once in the background instead of on first use.
     """
@@ -222,10 +250,13 @@ class ValidatorPool:
         *,
         timeout_s: float = 60.0,
         gpu: bool | None = None,
-        build_timeout_s: float = 900.0,
+        build_timeout_s: float = 300.0,
         max_tasks_per_worker: int = 64,
         cache_verdicts: bool = True,
         prewarm: int = 0,
+        nvrtc_timeout_s: float = NVRTC_TIMEOUT_S,
+        nvcc_timeout_s: float = NVCC_TIMEOUT_S,
+        compile_memory_mb: int | None = None,
     ) -> None:
         self.gpu = gpu_available() if gpu is None else bool(gpu) and gpu_available()
         cpus = os.cpu_count() or 2
@@ -237,6 +268,15 @@ class ValidatorPool:
         self.workers = workers
         self.timeout_s = float(timeout_s)
         self.build_timeout_s = float(build_timeout_s)
+        self.nvrtc_timeout_s = float(nvrtc_timeout_s)
+        self.nvcc_timeout_s = float(nvcc_timeout_s)
+        self._limits = {
+            "nvrtc_s": self.nvrtc_timeout_s,
+            "nvcc_s": self.nvcc_timeout_s,
+            "memory_bytes": None if compile_memory_mb is None else int(compile_memory_mb) << 20,
+        }
+        # worker folders of owners that were killed (SIGKILL leaves no time to remove them)
+        self.removed_stale = remove_stale_folders(Path(tempfile.gettempdir()))
         self.max_tasks_per_worker = max_tasks_per_worker
         self.cache_dir = cache_dir()
         self._max_jobs = max(2, cpus // workers)
@@ -303,6 +343,7 @@ class ValidatorPool:
             "filename": Path(filename).name,
             "folder": None if folder is None else os.path.abspath(os.fspath(folder)),
             "build": None if build is None else build.to_json(),
+            "limits": self._limits,
         }
         stamps = dependency_stamps(text, payload["folder"], payload["filename"])
         databases = database_stamps(payload["folder"], build.compile_commands if build else None)
@@ -476,7 +517,10 @@ class ValidatorPool:
             return error_verdict("runtime_error", str(exc)), []
         task_id = worker.tasks_done + 1
         phase = "build"
-        limits = {"build": self.build_timeout_s, "wait_gpu": None, "run": self.timeout_s}
+        build = self.build_timeout_s
+        if payload.get("kind") == "cu":
+            build = min(build, self.nvrtc_timeout_s + self.nvcc_timeout_s + CU_BUILD_MARGIN_S)
+        limits = {"build": build, "wait_gpu": None, "run": self.timeout_s}
         started = time.monotonic()
         try:
             worker.send({**payload, "id": task_id})

@@ -22,10 +22,10 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +34,25 @@ from dice.validator.compile import CompileResult
 from dice.validator.diagnostics import (
     FileMapping,
     include_site_finder,
+    outside_source_checker,
     parse_compiler_output,
     ptx_line_finder,
+    redact_outside_sources,
     rewrite_paths,
     to_diagnostics,
+)
+from dice.validator.limits import (
+    MEMORY_ENV,
+    NVCC_TIMEOUT_S,
+    compile_memory_bytes,
+    describe_bytes,
+    run_command,
 )
 from dice.validator.paths import nvcc_path, pip_cuda_include_dir, source_hash, toolkit_include_dir
 
 CHECK_FLAGS: tuple[str, ...] = ("-O0", "-Xcicc", "-O0", "-Xptxas", "-O0", "-compress-mode=none", "-lineinfo")
 HOST_SYNTAX_ONLY: tuple[str, ...] = ("-Xcompiler", "-fsyntax-only")
-CACHE_VERSION = "whole-file-2"
+CACHE_VERSION = "whole-file-3"  # 3: logs redact lines of files outside the include path
 MAX_CACHE_ENTRIES = 4000
 _SYSTEM_PREFIXES = ("/usr/include", "/usr/lib", "/usr/local/cuda", "/opt/cuda")
 
@@ -61,6 +70,16 @@ def extra_system_includes(flags: BuildFlags) -> list[str]:
     return ["-isystem", pip]
 
 
+@dataclass(frozen=True)
+class _Limits:
+    """What bounds one nvcc run: its deadline, each process's address space (None: the default), and the
+    folders beside the include path whose lines its log may quote."""
+
+    timeout_s: float
+    memory_bytes: int | None
+    roots: tuple[str, ...]
+
+
 def use_ccache() -> str | None:
     if os.environ.get("DICE_CCACHE", "").strip() not in ("1", "true", "yes"):
         return None
@@ -76,13 +95,18 @@ def nvcc_check_file(
     user_path: str | None = None,
     display_name: str = "kernel.cu",
     cache_root: Path | None = None,
-    timeout_s: float = 300.0,
+    timeout_s: float = NVCC_TIMEOUT_S,
+    memory_bytes: int | None = None,
+    source_roots: Sequence[str] = (),
 ) -> CompileResult | None:
     """Compile the whole ``text`` as the user's file with nvcc; None when nvcc is absent.
 
     ``user_path``: the user's file (its folder goes first on the quote path; messages name it as
     ``display_name``); ``flags`` the resolved command; ``arch`` the one architecture (``90``, ``90a``);
-    ``cache_root``: where verdicts of unchanged checks are kept (None: no cache)."""
+    ``cache_root``: where verdicts of unchanged checks are kept (None: no cache). nvcc and every compiler
+    it starts are killed at ``timeout_s`` and capped at ``memory_bytes`` of address space each
+    (:func:`dice.validator.limits.run_command`). The log quotes source lines only of files in the user's
+    folder, the command's include folders, ``source_roots`` (the workspace) and the system's headers."""
     nvcc = nvcc_path()
     if nvcc is None:
         return None
@@ -99,7 +123,8 @@ def nvcc_check_file(
         return cached
     tmp = Path(tempfile.mkdtemp(prefix="nvcc-", dir=workdir))
     try:
-        result = _run(nvcc, base, source, tmp, cwd, user_path, display_name, text, flags, timeout_s, arch)
+        limits = _Limits(timeout_s, memory_bytes, tuple(source_roots))
+        result = _run(nvcc, base, source, tmp, cwd, user_path, display_name, text, flags, limits, arch)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if result.ok or result.diagnostics:
@@ -142,7 +167,7 @@ def _run(
     display_name: str,
     text: str,
     flags: BuildFlags,
-    timeout_s: float,
+    limits: _Limits,
     arch: str,
 ) -> CompileResult:
     src = tmp / display_name
@@ -153,14 +178,20 @@ def _run(
     cmd = [*base, "--keep", "--keep-dir", str(keep), "-MD", "-MF", str(tmp / "deps.d")]
     cmd += ["-c", str(src), "-o", str(tmp / "out.o")]
     env = {**os.environ, "LC_ALL": "C", "TMPDIR": str(tmp)}
-    start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired:
-        message = f"nvcc took longer than {timeout_s:.0f} s"
-        return CompileResult(False, message, [], timeout_s, "nvcc", f"sm_{arch}", timed_out=True)
-    seconds = time.perf_counter() - start
-    raw_log = (proc.stdout + "\n" + proc.stderr).strip()
+    proc = run_command(cmd, cwd=cwd, env=env, timeout_s=limits.timeout_s, memory_bytes=limits.memory_bytes)
+    seconds = proc.seconds
+    if proc.returncode is None:
+        message = (
+            f"nvcc took longer than {limits.timeout_s:g} s and was stopped with the compilers it started"
+        )
+        return CompileResult(False, message, [], seconds, "nvcc", f"sm_{arch}", timed_out=True)
+    folder = os.path.dirname(user_path) if user_path else None
+    outside = outside_source_checker(
+        [p for p in (folder, *flags.include_dirs(), *limits.roots) if p],
+        cwd=cwd,
+        own=[str(src), user_path or "", display_name],
+    )
+    raw_log = redact_outside_sources((proc.stdout + "\n" + proc.stderr).strip(), outside)
     own = {os.path.normpath(p) for p in (str(src), user_path) if p}
 
     def is_user(path: str | None) -> bool:
@@ -171,7 +202,6 @@ def _run(
         full = path if os.path.isabs(path) else os.path.join(cwd, path)
         return os.path.normpath(full) in own
 
-    folder = os.path.dirname(user_path) if user_path else None
     mapping = FileMapping(
         is_user,
         display_name,
@@ -188,6 +218,11 @@ def _run(
         d["message"] = clean(d["message"])
         d["notes"] = [clean(n) for n in d["notes"]]
     log = clean(raw_log)
+    if proc.returncode != 0 and "out of memory" in log:
+        memory = compile_memory_bytes() if limits.memory_bytes is None else limits.memory_bytes
+        log += (
+            f"\n(each compiler process may use {describe_bytes(memory)} of address space here; {MEMORY_ENV})"
+        )
     result = CompileResult(proc.returncode == 0, log, diagnostics, seconds, "nvcc", f"sm_{arch}")
     result.deps = _read_deps(tmp / "deps.d", {str(src)})
     if result.ok:

@@ -9,10 +9,17 @@ kills the whole process group when one passes.
 
 What a task receives (:class:`WorkerContext`) lives in :mod:`dice.validator.context`, so the task modules
 never import this one.
+
+A worker dies with its owner, even while blocked in a task (a compile, the GPU lock, a sleeping probe):
+``PR_SET_PDEATHSIG`` (SIGKILL when the pool's process goes; ``DICE_WORKER_OWNER`` says which process that
+must be, in case it went before the request was made) and a watchdog thread on RESULT_FD, whose read end
+only the owner holds: when it closes, the worker kills its session (its compilers too) and exits
+(:mod:`dice.validator.lifeline`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
@@ -23,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from dice.validator.context import WorkerContext
+from dice.validator.lifeline import die_with_parent, watch_owner
+from dice.validator.limits import NVRTC
 from dice.validator.spec_files import dependency_file_stamps
 from dice.validator.verdict import Verdict, error_verdict
 
@@ -90,6 +99,9 @@ def _read_log_from(path: Path, offset: int, limit: int = 8000) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    owner = os.environ.get("DICE_WORKER_OWNER", "")
+    die_with_parent(int(owner) if owner.isdigit() else None)
+    watch_owner(int(argv[0]))
     out = os.fdopen(int(argv[0]), "w", buffering=1)
     faulthandler.enable(all_threads=True)
     try:
@@ -101,12 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     ctx.send(
         {"event": "ready", "pid": os.getpid(), "gpu": ctx.gpu, "device": ctx.device_name, "arch": ctx.arch}
     )
+    with contextlib.suppress(OSError):
+        NVRTC.start()  # loads NVRTC in its own process while this one waits for the first task
     for line in sys.stdin:
         if not line.strip():
             continue
         task = json.loads(line)
         ctx.task_id = task.get("id")
         ctx.task_deps = []
+        ctx.set_limits(task.get("limits"))
         log_start = _log_size(ctx.log_path)
         restart = False
         try:
