@@ -8,8 +8,9 @@ Modes (each at every ``--build-parallel`` width P, on distinct candidates so tha
   uses, P driver processes side by side, a fresh cache (the PCH is built once before, in ``prepare``);
 * ``warm``: the same candidates again, same cache (what a second task of the same candidate pays);
 * ``plain``: torch's own ``load_inline`` (ninja), a fresh build folder per candidate;
-* ``batched``: P prebuild processes side by side, each building ``--batch-size`` candidates at once
-  (:func:`dice.validator.batchbuild.prebuild`), then each candidate's own import served from the batch.
+* ``batched``: P candidates in flight: P / ``--batch-size`` prebuild processes side by side, each building
+  ``--batch-size`` candidates at once (:func:`dice.validator.batchbuild.prebuild`), chunk after chunk, each
+  candidate's own import served from its batch.
 
 Every measurement is one JSON line in ``validator_build_bench.jsonl`` as soon as it is made (a run cut short
 keeps its numbers); the summaries go to ``validator_build_bench.json`` and ``.md``. Candidates are the
@@ -75,34 +76,40 @@ def driver(spec_file: Path) -> int:
     spec = json.loads(spec_file.read_text())
     import torch  # noqa: F401 - imported before any timing
 
-    from dice.validator.builds import cached_extension_builds, import_source
-
     cache, work = Path(spec["cache"]), Path(spec["work"])
     work.mkdir(parents=True, exist_ok=True)
     items = [tuple(x) for x in spec["items"]]
     base = {"mode": spec["mode"], "parallel": spec["parallel"], "run": spec["run"], "pid": os.getpid()}
-    if spec["mode"] == "batched":
-        from dice.validator.batchbuild import prebuild
+    chunks = [[tuple(x) for x in c] for c in spec.get("chunks") or [items]]
+    if spec["mode"] == "batched":  # one prebuild per chunk, in turn, each chunk's candidates served after it
+        for chunk in chunks:
+            serve_batch(spec, base, cache, work, chunk)
+        return 0
+    build_each(spec, base, cache, work, items)
+    return 0
 
-        start = time.time()
-        report = prebuild(cache, work, [src for _, src in items])
-        emit(
-            spec,
-            {**base, "phase": "prebuild", "start": start, "end": time.time(), "builds": report["builds"]},
-        )
-        for (name, _), c in zip(items, report["candidates"], strict=True):
-            emit(
-                spec,
-                {
-                    **base,
-                    "phase": "ready",
-                    "candidate": name,
-                    "status": c["status"],
-                    "reason": c["reason"],
-                    "ready_s": c["seconds"],
-                    "start": start,
-                },
-            )
+
+def serve_batch(
+    spec: dict[str, Any], base: dict[str, Any], cache: Path, work: Path, items: list[tuple[str, str]]
+) -> None:
+    """Prebuild ``items`` at once, then import each (served from the combined build), a line per step."""
+    from dice.validator.batchbuild import prebuild
+
+    start = time.time()
+    report = prebuild(cache, work, [src for _, src in items])
+    emit(spec, {**base, "phase": "prebuild", "start": start, "end": time.time(), "builds": report["builds"]})
+    for (name, _), c in zip(items, report["candidates"], strict=True):
+        line = {"phase": "ready", "candidate": name, "status": c["status"], "reason": c["reason"]}
+        emit(spec, {**base, **line, "ready_s": c["seconds"], "start": start})
+    build_each(spec, base, cache, work, items)
+
+
+def build_each(
+    spec: dict[str, Any], base: dict[str, Any], cache: Path, work: Path, items: list[tuple[str, str]]
+) -> None:
+    """Import each candidate (building its extension unless the cache holds it), a line each."""
+    from dice.validator.builds import cached_extension_builds, import_source
+
     for i, (name, src) in enumerate(items):
         records: list[dict[str, Any]] = []
         error = None
@@ -126,7 +133,6 @@ def driver(spec_file: Path) -> int:
         line["batched"] = bool(records) and all(r.get("batched") for r in records)
         line["steps"] = [r.get("build") for r in records]
         emit(spec, line)
-    return 0
 
 
 @contextlib.contextmanager
@@ -164,18 +170,21 @@ def run_mode(
     """P driver processes on ``items`` (batched: contiguous chunks, one prebuild each; else round-robin);
     the summary of their lines."""
     run = f"{mode}{parallel}_{int(time.time() * 1000) % 10**8}"
-    chunks = (
-        [items[i : i + ctx["batch_size"]] for i in range(0, len(items), ctx["batch_size"])]
-        if mode == "batched"
-        else [items[i::parallel] for i in range(parallel)]
-    )
+    if mode == "batched":  # P candidates in flight: P // batch prebuild processes, each taking chunks in turn
+        size = min(ctx["batch_size"], parallel)
+        chunks = [items[i : i + size] for i in range(0, len(items), size)]
+        lanes = max(1, parallel // size)
+        work_of = [chunks[i::lanes] for i in range(lanes)]
+    else:
+        work_of = [[items[i::parallel]] for i in range(parallel)]
     procs = []
-    for n, chunk in enumerate(c for c in chunks if c):
+    for n, lane in enumerate(w for w in work_of if any(w)):
         spec = {
             "mode": "fast" if mode == "warm" else mode,
             "parallel": parallel,
             "run": run,
-            "items": chunk,
+            "items": [x for c in lane for x in c],
+            "chunks": lane,
             "cache": str(cache),
             "work": str(ctx["tmp"] / run / str(n)),
             "out": str(ctx["jsonl"]),
@@ -259,7 +268,8 @@ def bench_builds(args: Any, out_dir: Path, tmp: Path, machine: dict[str, Any]) -
         else ([1, 2] if smoke else [1, 4, 16])
     )
     counts = dict(_pairs(args.build_counts or ("1:3,2:3" if smoke else "1:4,4:8,16:16")))
-    batch_size = args.batch_size or (3 if smoke else 16)
+    batch_size = args.batch_size or (3 if smoke else 4)
+    modes = set((getattr(args, "build_modes", None) or "fast,warm,batched,plain").split(","))
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = "validator_build_bench_smoke" if smoke else "validator_build_bench"
     jsonl = out_dir / f"{stem}.jsonl"
@@ -290,6 +300,11 @@ def bench_builds(args: Any, out_dir: Path, tmp: Path, machine: dict[str, Any]) -
         f.write(json.dumps({"header": {k: v for k, v in result.items() if k != "summaries"}}) + "\n")
 
     def step(mode: str, width: int, items: list[tuple[str, str]], cache: Path) -> None:
+        if mode not in modes | {"prepare"}:
+            return
+        if mode == "batched" and width < 2:
+            result["summaries"].append({"mode": mode, "parallel": width, "skipped": "one at a time"})
+            return
         if time.monotonic() > ctx["deadline"]:
             result["summaries"].append({"mode": mode, "parallel": width, "skipped": "budget spent"})
         else:
@@ -306,7 +321,7 @@ def bench_builds(args: Any, out_dir: Path, tmp: Path, machine: dict[str, Any]) -
         step(
             "batched",
             width,
-            candidates(width * batch_size, variant + 200, smoke),
+            candidates(n, variant + 200, smoke),
             tmp / f"cache_batch{width}",
         )
         # the baseline last: it is the slowest, and a budget that runs out should cut it, not ours

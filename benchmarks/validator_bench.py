@@ -338,7 +338,10 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=None, help="wall-clock budget of the build section")
     parser.add_argument("--build-parallel", default=None, help="parallel widths, e.g. 1,4,16")
     parser.add_argument("--build-counts", default=None, help="cold candidates per width, e.g. 1:4,4:8,16:16")
-    parser.add_argument("--batch-size", type=int, default=None, help="candidates per prebuild (default 16)")
+    parser.add_argument("--batch-size", type=int, default=None, help="candidates per prebuild (default 4)")
+    parser.add_argument(
+        "--build-modes", default=None, help="modes to run, e.g. fast,warm,batched (default: all four)"
+    )
     parser.add_argument("--build-driver", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.build_driver is not None:

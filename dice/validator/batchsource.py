@@ -32,6 +32,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from dice.validator.buildtext import needs_umbrella
 from dice.validator.paths import source_hash
 
 
@@ -142,8 +143,6 @@ def prepare(unit: Unit) -> Prepared | str:
     for fn in unit.functions or {}:
         if not re.fullmatch(r"[A-Za-z_]\w*(?:::[A-Za-z_]\w*)*", fn):
             return f"function name {fn!r} is not a C++ name"
-    from dice.validator.fastbuild import needs_umbrella
-
     full = unit.cuda is not None and needs_umbrella(unit.cuda)
     cuda_key = (
         None

@@ -10,21 +10,25 @@ load_inline puts first anyway, is then the only torch header), and ``main.cpp`` 
 s with a precompiled ``torch/extension.h``. So this module keeps everything torch decides (sources, flags,
 names, the import) and changes only how the objects are made:
 
-* the ``.cu`` is compiled without ``<torch/extension.h>`` / ``<torch/torch.h>`` / ``<torch/all.h>`` when
-  its text needs nothing beyond ``torch/types.h`` (:func:`slim_cuda_text`; same line numbers, messages name
-  ``cuda.cu``); when that compile fails on a torch name it did not find, the full text is compiled;
-* ``main.cpp`` starts from a gcc precompiled header of its first include, built once per cache folder (never
-  in torch's install folder, where torch's own ``use_pch`` writes and races between processes), under a file
-  lock, keyed by compiler, flags and torch version (gcc uses a PCH only with the same flags);
+* the ``.cu`` is compiled from a leaner text first (:mod:`dice.validator.buildtext`: *lean*, then *slim*,
+  then the full text, each only when the one before failed; same line numbers, messages name ``cuda.cu``);
+* ``main.cpp`` starts from a gcc precompiled header, built once per cache folder (never in torch's install
+  folder, where torch's own ``use_pch`` writes and races between processes), under a file lock, keyed by
+  compiler, flags, header and torch version (gcc uses a PCH only with the same flags): ``<torch/python.h>``
+  (pybind11, torch's casters, ``torch/types.h``, ``torch::nn::Module``; 7.0 s of gcc at ``-O3`` on the 2-core
+  CPU, ``<torch/extension.h>``'s 10.0 s) when the text names nothing else of libtorch, else, or after any
+  error, ``<torch/extension.h>``;
 * ccache runs the compilers when ``DICE_CCACHE=1`` (as in :mod:`dice.validator.whole_file`);
 * a compile error is recorded in the build folder: the same sources fail again at once, with the same text.
 
-Not done, measured: gcc keeps in a PCH the parsed headers but not the template instantiations they need
-at the end of the TU (~70% of the 10.5 s left, ``-ftime-report``); a PCH (786 MB for torch 2.13) is valid
-only for its ``-O`` level (``__OPTIMIZE__``), so ``extra_cflags=["-O3"]`` gets its own. Compiling the
-candidate's TUs at another ``-O`` or with ``<ATen/ATen.h>`` instead of ``<torch/types.h>`` (41 s instead of
-64 s) would change what is built (flags; ``torch::empty_like`` is the autograd factory of
-``torch/types.h``), so neither is done; torch passes no ``-O`` or ``-g`` to ``main.cpp`` by itself.
+``DICE_LEAN=0`` skips the lean steps, ``DICE_PCH=0`` the PCH, ``DICE_FASTBUILD=0`` all of this.
+
+Not done, measured: gcc keeps in a PCH the parsed headers but not the code they make each TU emit (an
+empty TU after the ``<torch/extension.h>`` PCH takes the same 10 s: pybind11's inline machinery, generated
+again per TU); a PCH (600-790 MB for torch 2.13) is valid only for its ``-O`` level (``__OPTIMIZE__``), so
+``extra_cflags=["-O3"]`` gets its own. ``main.cpp`` at ``-O0`` for a candidate that asked for ``-O3`` would
+save ~40% of it but makes every call of a bound function slower (0.66 instead of 0.11 us on this CPU,
+measured on a two-argument function), which the validator's timing would see: the candidate's flags stay.
 
 Why direct compiler calls instead of ninja: the two compiles need different inputs than ``build.ninja``
 names (the slim ``.cu``, the PCH include), the PCH is waited for only after the long ``.cu`` compile has
@@ -54,6 +58,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from dice.validator.buildtext import (
+    lean_cpp_text,
+    lean_cuda_text,
+    lean_include_dir,
+    needs_full_headers,
+    slim_cuda_text,
+)
 from dice.validator.paths import source_hash
 from dice.validator.whole_file import use_ccache
 
@@ -63,20 +74,7 @@ BUILD_FILE = "dice_build.json"
 PCH_VERSION = "pch-1"
 MAX_PCH_SETS = 6  # distinct flag sets with a PCH per cache folder (~0.8 GB each)
 _NAME_FLAG = re.compile(r"\s-DTORCH_EXTENSION_NAME=\S+")
-_UMBRELLA = re.compile(
-    r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/(?:extension|torch|all)\.h[>"][ \t]*(?://.*)?$', re.M
-)
-# what only the umbrella headers declare (torch/types.h covers tensors, factories, dispatch, TORCH_CHECK)
-_FULL_API = re.compile(
-    r"\b(?:py|pybind11)::|\bpybind11\b|PYBIND11_|"
-    r"\btorch::(?:nn|optim|data|jit|serialize|autograd|cuda|fft|linalg|special|nested|sparse|indexing|"
-    r"python|utils|mps|xpu|stable|save|load|manual_seed|NoGradGuard|AutoGradMode|"
-    r"InferenceMode|enable_grad|set_num_threads|get_num_threads|Module|Function)\b|TORCH_MODULE|THP"
-)
-_TORCHISH = re.compile(
-    r"[\"'\u2018](?:(?:torch|at|c10|py|pybind11)(?:::\w+)*[\"'\u2019]|(?:TORCH_|AT_|C10_|THP)\w*)"
-    r"|\b(?:torch|at|c10|pybind11|py)::"
-)
+RETRY_ANY = frozenset({"lean", "lean-pch"})  # a failed lean step always falls back to the next
 _TRANSIENT = re.compile(r"out of memory|Killed|internal compiler error|Segmentation fault|No space left")
 _held: dict[tuple[str, int], int] = {}
 
@@ -306,7 +304,8 @@ class _Job:
         self, build_dir: Path, rule: str, out: str, commands: list[tuple[str, str]], pch: Any
     ) -> None:
         self.build_dir, self.rule, self.out = build_dir, rule, out
-        self.commands = commands  # (label, command): the first to run, then the fallback
+        self.commands: list[tuple[str, Any]] = list(commands)  # (label, command): the first, then fallbacks
+        # (a fallback may be a function giving its command, called only when it runs)
         self.pch = pch
         self.proc: subprocess.Popen[bytes] | None = None
         self.log: Any = None
@@ -337,11 +336,17 @@ class _Job:
             info["pch"] = "not used: " + next(ln for ln in output.splitlines() if "not used because" in ln)
         if self.proc.returncode == 0:
             return None
-        if len(self.commands) > 1 and needs_full_headers(output):
-            label, cmd = self.commands[1]
+        tried = [label]
+        for label, later in self.commands[1:]:
+            # after a lean step (prelude or PCH), any error retries: it may lack what the text needs; after
+            # the slim text, only an error that may come from the headers it left out
+            if tried[-1] not in RETRY_ANY and not (tried[-1] == "slim" and needs_full_headers(output)):
+                break
+            cmd = later() if callable(later) else later
             code, output, seconds = _run(cmd, self.build_dir)
             info[f"{self.rule}_s"] = round(info[f"{self.rule}_s"] + seconds, 3)
-            info[f"{self.rule}_mode"] = f"{self.commands[0][0]} failed, {label}"
+            info[f"{self.rule}_mode"] = " failed, ".join([*tried, label])
+            tried.append(label)
             if code == 0:
                 return None
         return f"{output.rstrip()}\nFAILED: {self.out}\n{cmd}"
@@ -364,64 +369,62 @@ def _job(
     if rule_name == "cuda_compile":
         full = f"{shlex.quote(ccache)} {full}" if ccache else full
         text = Path(src).read_text(encoding="utf-8")
-        slim = None if info.get("no_slim") else slim_cuda_text(text)
-        if slim is None:
-            return _Job(build_dir, rule_name, out, [("full", full)], None)
-        slim_path = build_dir / "cuda.slim.cu"
-        slim_path.write_text(f'#line 1 "{src}"\n{slim}', encoding="utf-8")
-        cmd = expand(template, variables, ins=str(slim_path), out=out)
-        cmd = f"{shlex.quote(ccache)} {cmd}" if ccache else cmd
-        fallback = [] if info.get("no_retry") else [("full", full)]
-        return _Job(build_dir, rule_name, out, [("slim", cmd), *fallback], None)
+        commands: list[tuple[str, str]] = []
+        slim = slim_cuda_text(text)
+        shorter = [("lean", lean_cuda_text(text, src)), ("slim", slim and f'#line 1 "{src}"\n{slim}')]
+        lean_off = os.environ.get("DICE_LEAN", "1").strip() in ("0", "false", "no")
+        for label, body in [] if info.get("no_slim") else shorter[lean_off:]:
+            if body is None:
+                continue
+            path = build_dir / f"cuda.{label}.cu"
+            path.write_text(body, encoding="utf-8")
+            flags = variables
+            if label == "lean":  # torch's tensor operators without every ATen function: see LEAN_FUNCTIONS
+                include = shlex.quote(str(lean_include_dir(build_dir)))
+                flags = dict(variables, cuda_cflags=f"-I{include} {variables.get('cuda_cflags', '')}")
+            cmd = expand(template, flags, ins=str(path), out=out)
+            commands.append((label, f"{shlex.quote(ccache)} {cmd}" if ccache else cmd))
+        commands.append(("full", full))
+        return _Job(build_dir, rule_name, out, commands[:1] if info.get("no_retry") else commands, None)
     first, _, rest = Path(src).read_text(encoding="utf-8").partition("\n")
     if first.strip() != "#include <torch/extension.h>" or os.environ.get("DICE_PCH", "1") == "0":
         return _Job(
             build_dir, rule_name, out, [("plain", f"{shlex.quote(ccache)} {full}" if ccache else full)], None
         )
 
-    def with_pch() -> list[tuple[str, str]]:
-        header = ensure_pch(variables["cxx"], variables.get("cflags", ""), cache_root, info)
+    def from_pch(include: str, label: str, text: str = rest) -> str | None:
+        header = ensure_pch(variables["cxx"], variables.get("cflags", ""), cache_root, info, include)
         if header is None:
-            return [("plain", full)]
-        fast = build_dir / f"{Path(src).stem}.pch.cpp"
-        fast.write_text(f'#include "{header}"\n#line 2 "{src}"\n{rest}', encoding="utf-8")
+            return None
+        fast = build_dir / f"{Path(src).stem}.{label}.cpp"
+        fast.write_text(f'#include "{header}"\n#line 2 "{src}"\n{text}', encoding="utf-8")
         pch_vars = dict(variables, cflags=variables.get("cflags", "") + " -Winvalid-pch")
-        return [("pch", expand(template, pch_vars, ins=str(fast), out=out))]
+        return expand(template, pch_vars, ins=str(fast), out=out)
+
+    def with_pch() -> list[tuple[str, Any]]:
+        umbrella = [("pch", lambda: from_pch("torch/extension.h", "pch") or full)]
+        body = lean_cpp_text(rest)
+        if body is not None and os.environ.get("DICE_LEAN", "1") != "0":
+            lean = from_pch("torch/python.h", "lean-pch", body)
+            if lean is not None:
+                return [("lean-pch", lean), *umbrella]
+        first = from_pch("torch/extension.h", "pch")
+        return [("pch", first)] if first is not None else [("plain", full)]
 
     return _Job(build_dir, rule_name, out, [("plain", full)], with_pch)
 
 
-def slim_cuda_text(text: str) -> str | None:
-    """``text`` (a ``cuda.cu`` load_inline wrote) with its umbrella torch includes blanked, when it starts
-    with ``#include <torch/types.h>`` and uses nothing only they declare; None when nothing changes."""
-    if not text.startswith("#include <torch/types.h>\n") or _FULL_API.search(text):
-        return None
-    slim = _UMBRELLA.sub("", text)
-    return slim if slim != text else None
-
-
-def needs_umbrella(text: str) -> bool:
-    """Whether CUDA source text uses what only ``<torch/extension.h>`` declares (pybind11, torch::nn ...)."""
-    return _FULL_API.search(text) is not None
-
-
-def needs_full_headers(output: str) -> bool:
-    """Whether a failed slim compile's errors may come from the headers it left out: any error that names a
-    torch, ATen, c10 or pybind11 entity (a missing name, or an overload only the full headers declare, as
-    ``no suitable conversion function from "const at::DeprecatedTypeProperties"`` for ``AT_DISPATCH`` on
-    ``x.type()``, seen on the H200 with torch 2.11). Errors about the candidate's own code alone (a typo, a
-    syntax error) fail the full compile the same way and are not compiled twice."""
-    return any(_TORCHISH.search(line) for line in output.splitlines() if "error" in line)
-
-
 # ------------------------------------------------------------------------------------------------ PCH
-def ensure_pch(cxx: str, cflags: str, cache_root: Path, info: dict[str, Any]) -> Path | None:
-    """The header to include first instead of ``<torch/extension.h>``: ``<cache>/pch/<key>/dice_torch.h``,
-    whose ``.gch`` beside it is built here once (other workers wait on its lock); None with no gcc."""
+def ensure_pch(
+    cxx: str, cflags: str, cache_root: Path, info: dict[str, Any], include: str = "torch/extension.h"
+) -> Path | None:
+    """The header to include first instead of ``<torch/extension.h>``: ``<cache>/pch/<key>/dice_torch.h``
+    (holding ``#include <include>``), whose ``.gch`` beside it is built here once (other workers wait on its
+    lock); None with no gcc."""
     if not _is_gcc(cxx):
         return None
     flags = _NAME_FLAG.sub("", " " + cflags).strip()
-    key = source_hash(PCH_VERSION, cxx, _compiler_id(cxx), flags, _torch_version(), length=16)
+    key = source_hash(PCH_VERSION, cxx, _compiler_id(cxx), flags, _torch_version(), include, length=16)
     root = Path(os.environ["DICE_PCH_DIR"]) if os.environ.get("DICE_PCH_DIR") else cache_root / "pch"
     folder = root / key
     header = folder / "dice_torch.h"
@@ -437,7 +440,7 @@ def ensure_pch(cxx: str, cflags: str, cache_root: Path, info: dict[str, Any]) ->
         if gch.is_file():
             info["pch"] = "used (waited)"
             return header
-        header.write_text("#include <torch/extension.h>\n")
+        header.write_text(f"#include <{include}>\n")
         tmp = folder / f"dice_torch.h.gch.tmp{os.getpid()}_{threading.get_ident()}"
         cmd = f"{cxx} -x c++-header {flags} {shlex.quote(str(header))} -o {shlex.quote(str(tmp))}"
         code, output, seconds = _run(cmd, folder)

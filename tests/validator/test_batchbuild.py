@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dice.validator import batchbuild, fastbuild
+from dice.validator import batchbuild, buildtext, fastbuild
 from dice.validator.batchsource import TU, Unit, attribute, compose, mask_literals, prepare, scan_tu
 from dice.validator.builds import cached_extension_builds, import_source
 from dice.validator.paths import nvcc_path
@@ -407,7 +407,7 @@ def test_combined_cuda_tu_with_clashing_kernels_compiles_with_nvcc(tmp_path: Pat
     text = "\n".join(
         ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>", cuda or ""]
     )
-    slim = fastbuild.slim_cuda_text(text)
+    slim = buildtext.slim_cuda_text(text)
     assert slim is not None  # the combined text needs only torch/types.h, like each kernel's own
     (tmp_path / "cuda.cu").write_text(slim)
     includes = [arg for p in cpp_extension.include_paths() for arg in ("-isystem", p)]
