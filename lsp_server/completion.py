@@ -25,6 +25,10 @@ from lsp_server.session import DiceSession, Offer, ServiceUnavailable
 
 logger = logging.getLogger(__name__)
 
+# No inline suggestions for longer texts: the assistant parses the whole text again, on the event loop
+# (``AssistantService.complete_at``/``complete_document``), which for 2 MiB already takes ~0.3 s.
+MAX_INLINE_CHARS = 2 * 1024 * 1024
+
 
 async def inline_completion(
     session: DiceSession, params: types.InlineCompletionParams
@@ -37,10 +41,14 @@ async def inline_completion(
     automatic = context.trigger_kind == types.InlineCompletionTriggerKind.Automatic
     if automatic and not session.settings.suggestions.automatic_trigger:
         return []
+    if len(snap.text) > MAX_INLINE_CHARS:
+        size = f"{len(snap.text) / 2**20:.0f} MiB"
+        session.tell_once(uri, "inline", f"inline suggestions are off in files over 2 MiB (this one: {size})")
+        return []
 
     ticket = session.tracker.start(uri)
     try:
-        typed = _typed_through(session, uri, snap, params.position, limit=1 if automatic else None)
+        typed = await _typed_through(session, uri, snap, params.position, limit=1 if automatic else None)
         if typed is not None:
             return typed
         if automatic:
@@ -50,7 +58,7 @@ async def inline_completion(
                 return []
             except asyncio.TimeoutError:
                 pass
-        doc = session.parse(snap)
+        doc = await session.parse_async(snap)  # a big document is parsed off the event loop
         if doc is None:
             return []
         plan = plan_inline(snap.text, doc, params.position, context.selected_completion_info)
@@ -157,7 +165,7 @@ def _items(
     return items
 
 
-def _typed_through(
+async def _typed_through(
     session: DiceSession,
     uri: str,
     snap: DocumentSnapshot,
@@ -169,14 +177,14 @@ def _typed_through(
     shown = session.state_of(uri).shown
     if shown is None:
         return None
-    from dice.cuda_source import Position, PositionIndex
+    from dice.cuda_source import Position
 
+    index = await session.index_of(snap)
     try:
-        cursor = PositionIndex(snap.text).position_to_byte(Position(position.line, position.character))
+        cursor = index.position_to_byte(Position(position.line, position.character))
     except (ValueError, IndexError):
         return None
-    data = snap.text.encode("utf-8", errors="surrogatepass")
-    found = shown.typed_through(data, cursor)
+    found = shown.typed_through(index.data, cursor)
     if found is None:
         return None
     typed, rests, verdicts = found

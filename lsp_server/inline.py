@@ -251,7 +251,8 @@ def plan_inline(
     from dice.assistant.rules import implicit_mask_at
     from dice.cuda_source import Position, PositionIndex, parse_document
 
-    index = PositionIndex(text)
+    # the document's own index when it is of this text: a big file is not indexed again for each request
+    index = doc.index if doc.index is not None and doc.text == text else PositionIndex(text)
     try:
         cursor = index.position_to_byte(Position(position.line, position.character))
     except (ValueError, IndexError):

@@ -1,10 +1,13 @@
-"""``dice-lsp``: registers thin handlers; the work lives in session.py, completion.py and commands.py."""
+"""``dice-lsp``: registers thin handlers; the work lives in session.py, completion.py and commands.py.
+
+Transports read messages with ``framing.py`` (pygls's reader cannot recover from a bad header) and the
+protocol keeps the LSP life cycle (``protocol_states.py``)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, BinaryIO
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
@@ -24,8 +27,10 @@ from lsp_server.commands import execute
 from lsp_server.completion import inline_completion
 from lsp_server.convert import lsp_position
 from lsp_server.documents import open_snapshot
+from lsp_server.framing import max_message_bytes_from_env, serve_stdio, serve_tcp
 from lsp_server.kernelbench import is_generation_target
 from lsp_server.protocol import WORK_DONE_TOKEN, DiceProtocol
+from lsp_server.protocol_states import LifecycleProtocol
 from lsp_server.regions import code_lenses, hover_at
 from lsp_server.session import DiceSession
 
@@ -37,10 +42,17 @@ class DiceLanguageServer(LanguageServer):
         super().__init__(
             "dice-lsp",
             __version__,
-            protocol_cls=DiceProtocol,
+            protocol_cls=LifecycleProtocol,
             text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
         )
         self.session = DiceSession(self)
+        self.max_message_bytes = max_message_bytes_from_env()
+
+    def start_io(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:
+        serve_stdio(self, stdin, stdout, max_message_bytes=self.max_message_bytes)
+
+    def start_tcp(self, host: str, port: int) -> None:
+        serve_tcp(self, host, port, max_message_bytes=self.max_message_bytes)
 
 
 STATS_METHOD = "dice/stats"  # request (client -> server): the counters of work done, see DiceSession.stats
@@ -118,12 +130,12 @@ def _register_views(server: DiceLanguageServer, session: DiceSession) -> None:
             code_action_kinds=[types.CodeActionKind.RefactorRewrite, types.CodeActionKind.Source, SOURCE_KIND]
         ),
     )
-    def code_action(params: types.CodeActionParams) -> list[types.CodeAction]:
+    async def code_action(params: types.CodeActionParams) -> list[types.CodeAction]:
         snap = open_snapshot(server.workspace, params.text_document.uri)
         if snap is None or not snap.analysable:
             return []
         if snap.is_cuda:
-            doc = session.parse(snap)
+            doc = await session.parse_async(snap)  # a big document is parsed off the event loop
             actions = cuda_actions(snap.uri, doc.masks if doc is not None else [], params.range)
         elif snap.path is not None and snap.path.suffix == ".py" and is_generation_target(snap.text):
             actions = reference_actions(snap.uri)
@@ -132,25 +144,23 @@ def _register_views(server: DiceLanguageServer, session: DiceSession) -> None:
         return filter_kinds(actions, params.context.only)
 
     @server.feature(types.TEXT_DOCUMENT_CODE_LENS)
-    def code_lens(params: types.CodeLensParams) -> list[types.CodeLens]:
+    async def code_lens(params: types.CodeLensParams) -> list[types.CodeLens]:
         snap = open_snapshot(server.workspace, params.text_document.uri)
         state = session.documents.get(params.text_document.uri)
         if snap is None or state is None or not state.regions or not snap.analysable:
             return []
-        from dice.cuda_source import PositionIndex
-
-        index = PositionIndex(snap.text)
+        index = await session.index_of(snap)
         return code_lenses(state.regions, lambda b: lsp_position(index.byte_to_position(b)))
 
     @server.feature(types.TEXT_DOCUMENT_HOVER)
-    def hover(params: types.HoverParams) -> types.Hover | None:
+    async def hover(params: types.HoverParams) -> types.Hover | None:
         snap = open_snapshot(server.workspace, params.text_document.uri)
         state = session.documents.get(params.text_document.uri)
         if snap is None or state is None or not state.regions or not snap.analysable:
             return None
-        from dice.cuda_source import Position, PositionIndex
+        from dice.cuda_source import Position
 
-        index = PositionIndex(snap.text)
+        index = await session.index_of(snap)
         try:
             offset = index.position_to_byte(Position(params.position.line, params.position.character))
         except (ValueError, IndexError):

@@ -1,6 +1,10 @@
 """Server state shared by the handlers: settings, the assistant service's life cycle, status, documents,
 diagnostics, filled regions and file watching. Feature flows (inline completion, commands) live in
 ``completion.py`` and ``commands.py`` and use this object; ``server.py`` only registers handlers.
+
+Big documents (``OFF_LOOP_CHARS`` and more) are parsed in a child process (``parse_worker.py``), so that
+the event loop keeps answering other requests meanwhile; a parse of a version that is no longer current is
+stopped and its result never published. Mask diagnostics stop at ``MAX_MASK_DIAGNOSTICS`` per document.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from pygls.uris import to_fs_path
 from dice.validator.verdict import verdict_label
 from lsp_server.config import DiceSettings, parse_settings, settings_to_wire
 from lsp_server.diagnostics import compile_error_diagnostics, malformed_mask_diagnostics, mask_diagnostics
-from lsp_server.documents import DocumentSnapshot, open_snapshot
+from lsp_server.documents import DocumentSnapshot, current_version, open_snapshot
 from lsp_server.inline import AdaptiveDebounce, RequestTracker, Shown
+from lsp_server.parse_worker import DocumentParses
 from lsp_server.regions import FilledRegion, make_region, relocate
 from lsp_server.status import STATUS_METHOD, SUGGESTION_STATUS_METHOD, StatusState, status_params
 from lsp_server.verdicts import verdict_json
@@ -32,7 +37,7 @@ from lsp_server.watch import FileWatcher
 
 if TYPE_CHECKING:
     from dice.assistant import AssistantService, AssistantSettings, ModelInfo
-    from dice.cuda_source import CudaDocument
+    from dice.cuda_source import CudaDocument, PositionIndex
     from dice.validator import Verdict
 
 logger = logging.getLogger(__name__)
@@ -41,6 +46,10 @@ MODEL_KEY = "model"  # watcher key of the model folder
 DIAGNOSTICS_DELAY_S = 0.15  # quiet time after an edit before masks are re-parsed
 MODEL_RELOAD_DELAY_S = 1.0  # a checkpoint write touches many files: reload once, after they settle
 REVALIDATE_DELAY_S = 0.3
+# Texts this long are parsed off the event loop (a parse of 256 KiB takes ~40 ms, of 10 MB 1-2 s).
+OFF_LOOP_CHARS = 256 * 1024
+# Information diagnostics for masks, per document: a file with 200k masks would make 40 MB of diagnostics.
+MAX_MASK_DIAGNOSTICS = 1000
 # Files whose change means a different model: config and weights (and their index), tokenizer files.
 MODEL_FILE_SUFFIXES = frozenset({".json", ".safetensors", ".bin", ".txt", ".model"})
 
@@ -69,6 +78,7 @@ class DocumentState:
     shown: Shown | None = None  # suggestions at the cursor, for typing through them
     last_verdict: dict[str, Any] | None = None
     diagnostics_task: asyncio.Task | None = None
+    told: set[str] = field(default_factory=set)  # the limits a log message was sent for (``tell_once``)
 
 
 class DiceSession:
@@ -92,6 +102,7 @@ class DiceSession:
         self._background: set[asyncio.Task] = set()
         self._parent_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.parses = DocumentParses()  # big documents, parsed in a child process
         self.closed = False
         self.typed_through = 0  # inline requests answered from a suggestion the user is typing
 
@@ -228,6 +239,7 @@ class DiceSession:
             if service is not None:
                 _close_quietly(service)
         self.service = self._validation_only = None
+        self.parses.stop()
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -355,12 +367,50 @@ class DiceSession:
         from dice.cuda_source import parse_document
 
         state = self.state_of(snap.uri)
-        if snap.version is not None and state.parsed_version == snap.version and state.parsed is not None:
-            return state.parsed
+        cached = self._cached(state, snap)
+        if cached is not None:
+            return cached
         doc = parse_document(snap.text)
         if snap.version is not None:
             state.parsed_version, state.parsed = snap.version, doc
         return doc
+
+    @staticmethod
+    def _cached(state: DocumentState, snap: DocumentSnapshot) -> CudaDocument | None:
+        if snap.version is not None and state.parsed_version == snap.version:
+            return state.parsed
+        return None
+
+    def needs_worker(self, snap: DocumentSnapshot) -> bool:
+        """A big text not parsed yet for this version: ``parse`` would stop the event loop for it."""
+        if not snap.analysable or len(snap.text) < OFF_LOOP_CHARS:
+            return False
+        state = self.documents.get(snap.uri)
+        return state is None or self._cached(state, snap) is None
+
+    async def parse_async(self, snap: DocumentSnapshot) -> CudaDocument | None:
+        """``parse``, with a big text parsed in the worker process (one parse per version, shared by every
+        request that waits for it); the event loop serves other requests meanwhile."""
+        if not self.needs_worker(snap):
+            return self.parse(snap)
+        doc = await self.parses.parse(snap.uri, snap.version, snap.text)
+        state = self.documents.get(snap.uri)
+        if state is not None and snap.version is not None and self._version(snap.uri) == snap.version:
+            state.parsed_version, state.parsed = snap.version, doc
+        return doc
+
+    def _version(self, uri: str) -> int | None:
+        return current_version(self.ls.workspace, uri)
+
+    async def index_of(self, snap: DocumentSnapshot) -> PositionIndex:
+        """The parsed document's position index when it is of this version, else a new one (off the loop)."""
+        from dice.cuda_source import PositionIndex
+
+        doc = self._cached(self.documents.get(snap.uri) or DocumentState(), snap)
+        if doc is not None:
+            return doc.index
+        small = len(snap.text) < OFF_LOOP_CHARS
+        return PositionIndex(snap.text) if small else await asyncio.to_thread(PositionIndex, snap.text)
 
     def on_open(self, uri: str) -> None:
         self.debounce.record_edit(uri)
@@ -370,6 +420,7 @@ class DiceSession:
         self.debounce.record_edit(uri)
         snap = open_snapshot(self.ls.workspace, uri)
         state = self.state_of(uri)
+        self.parses.forget(uri, keep_version=snap.version if snap is not None else None)  # a version gone
         if snap is not None and (state.regions or state.offers):
             data = snap.text.encode("utf-8", errors="surrogatepass")
             self._accept_offers(state, data)
@@ -382,6 +433,7 @@ class DiceSession:
         state = self.documents.pop(uri, None)
         if state is not None and state.diagnostics_task is not None:
             state.diagnostics_task.cancel()
+        self.parses.forget(uri)
         if self._watcher is not None:
             self._watcher.forget(uri)
         self._on_loop(
@@ -414,19 +466,27 @@ class DiceSession:
     async def _publish_after(self, uri: str, delay: float) -> None:
         if delay:
             await asyncio.sleep(delay)
-        self.publish_diagnostics(uri)
+        snap = open_snapshot(self.ls.workspace, uri)
+        if snap is None:
+            return
+        doc = await self.parse_async(snap) if snap.is_cuda else None
+        if self._version(uri) != snap.version:
+            return  # edited meanwhile: the newer version's task publishes
+        self._publish(snap, doc)
 
     def publish_diagnostics(self, uri: str) -> None:
         snap = open_snapshot(self.ls.workspace, uri)
         if snap is None:
             return
+        if snap.is_cuda and self.needs_worker(snap):
+            self.schedule_diagnostics(uri, delay=0.0)  # not parsed yet: parsed off the loop, then published
+            return
+        self._publish(snap, self.parse(snap) if snap.is_cuda else None)
+
+    def _publish(self, snap: DocumentSnapshot, doc: CudaDocument | None) -> None:
+        uri = snap.uri
         state = self.state_of(uri)
-        doc = self.parse(snap) if snap.is_cuda else None
-        state.mask_diagnostics = (
-            mask_diagnostics(doc.masks) + malformed_mask_diagnostics(doc.malformed_masks)
-            if doc is not None
-            else []
-        )
+        state.mask_diagnostics = self._mask_diagnostics(state, uri, doc)
         if doc is not None and self._watcher is not None and snap.path is not None:
             from dice.validator.spec_files import spec_reference_files
 
@@ -439,6 +499,25 @@ class DiceSession:
                 version=snap.version,
             )
         )
+
+    def _mask_diagnostics(self, state: DocumentState, uri: str, doc: CudaDocument | None) -> list:
+        if doc is None:
+            return []
+        limit, found = MAX_MASK_DIAGNOSTICS, len(doc.masks) + len(doc.malformed_masks)
+        if found > limit:
+            self.tell_once(
+                uri, "diagnostics", f"{found} masks; diagnostics show the first {limit} (commands see all)"
+            )
+        return (
+            mask_diagnostics(doc.masks[:limit]) + malformed_mask_diagnostics(doc.malformed_masks[:limit])
+        )[:limit]
+
+    def tell_once(self, uri: str, limit: str, message: str) -> None:
+        """A window/logMessage warning that a feature is limited for this (huge) file, once per document."""
+        state = self.state_of(uri)
+        if limit not in state.told:
+            state.told.add(limit)
+            self.log(f"{Path(to_fs_path(uri) or uri).name}: {message}", types.MessageType.Warning)
 
     def record_validation(self, snap: DocumentSnapshot, verdict: Verdict) -> None:
         """Keep a validation's verdict: compile errors become diagnostics, filled regions take its label."""
