@@ -467,6 +467,8 @@ def report(args: argparse.Namespace, out_dir: Path, counts: dict[str, Any], task
     records = sorted(latest.values(), key=lambda r: (r["source"], r["level"], r["problem"], r["id"]))
     reviews_path = Path(args.reviews) if args.reviews else out_dir / f"{NAME}_reviews.json"
     reviews = json.loads(reviews_path.read_text()) if reviews_path.is_file() else {}
+    notes_path = reviews_path.with_name(reviews_path.stem.replace("_reviews", "_review_notes") + ".json")
+    notes = json.loads(notes_path.read_text()) if notes_path.is_file() else {}
     sources = {(t["source"], t["id"]): t["cand_src"] for t in tasks}
     review_dir = Path(args.review_dir) if args.review_dir else out_dir / "review"
     disagreements = []
@@ -479,7 +481,8 @@ def report(args: argparse.Namespace, out_dir: Path, counts: dict[str, Any], task
         key = f"{r['source']}/{r['id']}"
         disagreements.append(
             {"key": key, "level": r["level"], "problem": r["problem"], "class": kind, "detail": detail,
-             "real cheat?": reviews.get(key, "") if kind == "guard" else "", "review": _shown(path)}
+             "real cheat?": reviews.get(key, "") if kind == "guard" else "", "review": _shown(path),
+             "note": notes.get(key, "")}
         )  # fmt: skip
     rows = agreement_rows(records, reviews)
     fired = [(r["source"], classify(r)[1].split(":")[0]) for r in records if classify(r)[0] == "guard"]
@@ -530,7 +533,9 @@ def markdown(summary: dict[str, Any]) -> str:
         "",
         "## Disagreements",
         "",
-        *_table(summary["disagreements"], ["key", "level", "problem", "class", "detail", "real cheat?"]),
+        *_table(
+            summary["disagreements"], ["key", "level", "problem", "class", "detail", "real cheat?", "note"]
+        ),
         "",
         "## Runs",
         "",
