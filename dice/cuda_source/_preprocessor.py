@@ -239,3 +239,53 @@ def brace_only_conditionals(data: bytes, directives: list[Directive]) -> list[tu
             if data[directive.end : following].strip() in (b'extern "C" {', b"}"):
                 spans.append((directive.end, following))
     return spans
+
+
+def lexed_inside_literal(data: bytes, start: int, offset: int) -> bool:
+    """Whether byte ``offset`` is inside a string, character or raw-string literal (or a comment) when the
+    bytes from ``start`` (a token boundary outside any literal) are lexed as C++ tokens.
+
+    tree-sitter's error recovery can lex the inside of a literal as code: ``x'<'R"(a /* <MASK> */)"`` gives an
+    ERROR node holding a ``comment`` that is really inside the raw string. Masks found inside an ERROR node
+    are checked here; a plain scan (no tree-sitter API exposes its lexer state), linear in the bytes scanned.
+    """
+    i, n = start, min(offset, len(data))
+    while i < n:
+        c = data[i : i + 1]
+        if data.startswith(b"//", i):
+            end = data.find(b"\n", i)
+            if end == -1 or end >= offset:
+                return True
+            i = end + 1
+        elif data.startswith(b"/*", i):
+            end = data.find(b"*/", i + 2)
+            if end == -1 or end + 2 > offset:
+                return True
+            i = end + 2
+        elif c == b'"' and i > 0 and data[i - 1 : i] == b"R" and not _ident_byte(data, i - 2):
+            match = _RAW_OPEN.match(data, i + 1)
+            if match is None:
+                i += 1
+                continue
+            close = b")" + match.group(1) + b'"'
+            end = data.find(close, match.end())
+            if end == -1 or end + len(close) > offset:
+                return True
+            i = end + len(close)
+        elif c in (b'"', b"'"):
+            i += 1
+            while i < len(data) and data[i : i + 1] not in (c, b"\n"):
+                i += 2 if data[i : i + 1] == b"\\" else 1
+            if i >= offset:
+                return True
+            i += 1
+        else:
+            i += 1
+    return False
+
+
+_RAW_OPEN = re.compile(rb'([^()\\\s"]{0,16})\(')
+
+
+def _ident_byte(data: bytes, i: int) -> bool:
+    return i >= 0 and (data[i : i + 1].isalnum() or data[i : i + 1] == b"_")

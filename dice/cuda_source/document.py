@@ -20,7 +20,7 @@ from typing import Any
 
 import tree_sitter
 
-from dice.cuda_source._preprocessor import in_macro_literal
+from dice.cuda_source._preprocessor import in_macro_literal, lexed_inside_literal
 from dice.cuda_source._syntax import (
     COMMENT_QUERY,
     DECLARATOR_WRAPPERS,
@@ -208,6 +208,8 @@ def parse_document(text: str | bytes) -> CudaDocument:
     for node in _comments_containing(root, data, b"<MASK"):
         if in_macro_literal(data, root, node.start_byte):
             continue  # tree-sitter lexed a comment inside a string literal of a #define body
+        if _recovered_inside_literal(node, data):
+            continue
         found = _mask_from_comment(node, data, len(masks), index, functions)
         if isinstance(found, Mask):
             masks.append(found)
@@ -245,6 +247,14 @@ def _innermost(functions: list[FunctionInfo], byte_offset: int) -> FunctionInfo 
 
 
 # ---------------------------------------------------------------------------------------------- masks
+
+
+def _recovered_inside_literal(node: tree_sitter.Node, data: bytes) -> bool:
+    """Whether a comment tree-sitter found inside an ERROR node is really inside a literal there."""
+    error = node.parent
+    while error is not None and error.type != "ERROR":
+        error = error.parent
+    return error is not None and lexed_inside_literal(data, error.start_byte, node.start_byte)
 
 
 def _comments_containing(root: tree_sitter.Node, data: bytes, needle: bytes) -> list[tree_sitter.Node]:

@@ -390,3 +390,21 @@ def test_example_specs_define_the_contract(name: str) -> None:
 
 def test_tiled_matmul_has_no_spec() -> None:
     assert parse_document((EXAMPLES / "tiled_matmul.cu").read_text()).spec is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\U0001d465'<'R\"(raw /* <MASK> */)\"",  # hypothesis found it: tree-sitter's error recovery
+        "x'<'R\"(raw /* <MASK> */)\"",
+        'x\'<\'R"d(raw )" /* <MASK> */)d"',
+        "x'<' \"a /* <MASK> */\"",
+    ],
+)
+def test_a_mask_inside_a_literal_that_error_recovery_lexed_as_code_is_not_a_mask(text: str) -> None:
+    assert parse_document(text).masks == []
+
+
+def test_masks_after_literals_in_an_error_region_are_still_found() -> None:
+    text = "x'<'R\"(raw)\" \"s\\\"\" '\\'' /* <MASK> */"
+    assert [m.start_byte for m in parse_document(text).masks] == [text.encode().index(b"/*")]
