@@ -164,7 +164,7 @@ async def fill_masks(
     from dice.cuda_source import splice
 
     snap = await target_snapshot(session, target.uri)
-    doc = session.parse(snap)
+    doc = await session.parse_async(snap)
     if doc is None:
         raise CommandFailed("this document is binary or too large for DICE")
     masks = list(doc.masks)
