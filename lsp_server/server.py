@@ -23,11 +23,12 @@ from lsp_server.actions import (
     filter_kinds,
     reference_actions,
 )
+from lsp_server.auth import serve_tcp_with_token, serve_unix
 from lsp_server.commands import execute
 from lsp_server.completion import inline_completion
 from lsp_server.convert import lsp_position
 from lsp_server.documents import open_snapshot
-from lsp_server.framing import max_message_bytes_from_env, serve_stdio, serve_tcp
+from lsp_server.framing import max_message_bytes_from_env, serve_stdio
 from lsp_server.kernelbench import is_generation_target
 from lsp_server.protocol import WORK_DONE_TOKEN, DiceProtocol
 from lsp_server.protocol_states import LifecycleProtocol
@@ -51,8 +52,16 @@ class DiceLanguageServer(LanguageServer):
     def start_io(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:
         serve_stdio(self, stdin, stdout, max_message_bytes=self.max_message_bytes)
 
-    def start_tcp(self, host: str, port: int) -> None:
-        serve_tcp(self, host, port, max_message_bytes=self.max_message_bytes)
+    def start_tcp(self, host: str, port: int, token: str | None = None) -> None:
+        """One client on ``host:port`` that must send ``token`` first (``lsp_server.auth``). A token is
+        required: any local process can connect to a TCP port."""
+        if not token:
+            raise ValueError("dice-lsp over TCP needs a token (lsp_server.auth.load_token)")
+        serve_tcp_with_token(self, host, port, token, max_message_bytes=self.max_message_bytes)
+
+    def start_socket(self, path: str) -> None:
+        """One client on a 0600 Unix socket at ``path`` (``lsp_server.auth.serve_unix``)."""
+        serve_unix(self, path, max_message_bytes=self.max_message_bytes)
 
 
 STATS_METHOD = "dice/stats"  # request (client -> server): the counters of work done, see DiceSession.stats

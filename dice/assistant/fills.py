@@ -28,6 +28,7 @@ from dice.assistant.types import Candidate, DocumentCompletion, MaskCompletion
 from dice.assistant.validation import Validation, build_options, verdict_context
 from dice.cuda_source import CudaDocument, Mask, TextEdit, splice
 from dice.cuda_source.positions import decode_bytes, encode_text
+from dice.validator.spec_origin import spec_origin
 from dice.validator.verdict import mark_unchecked
 
 if TYPE_CHECKING:
@@ -190,6 +191,8 @@ class FillPipeline:
         total_checks = sum(len(f) for f in fills)
         checks_done = 0
         best_verdict: Verdict | None = None
+        # the spec is the user's, read before any fill is spliced in; fills that change it are rejected
+        spec = await asyncio.to_thread(spec_origin, doc)
         for i, hole in enumerate(holes):
             request.raise_if_cancelled()
             if not fills[i]:  # nothing but blank or comment-only fills: the hole stays as it is
@@ -210,6 +213,7 @@ class FillPipeline:
                 build=build,
                 done_before=checks_done,
                 total=total_checks,
+                spec=spec,
             )
             # a fill in code no compiler type-checked (a template nothing instantiates ...) says so
             line = _hole_line(doc, holes, others, hole)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from dice.assistant.settings import AssistantSettings
     from dice.validator import ValidatorPool, Verdict
     from dice.validator.build_flags import BuildOptions
+    from dice.validator.spec_origin import SpecOrigin
 
 
 class Validation:
@@ -67,14 +68,18 @@ class Validation:
         build: BuildOptions | None = None,
         done_before: int,
         total: int,
+        spec: SpecOrigin | None = None,
     ) -> list[Verdict | None]:
         """Verdicts of whole-file texts, in parallel on the pool; None for those the deadline cut off
-        (text 0, the greedy fill, is always awaited). ``level`` "none" validates nothing."""
+        (text 0, the greedy fill, is always awaited). ``level`` "none" validates nothing. ``spec``: the
+        user's spec from the file before the fills were spliced in: the one run, and texts that show
+        another are rejected (:mod:`dice.validator.spec_origin`)."""
         if level == "none":
             return [None] * len(texts)
         # the same text under another name gets its own verdict: the log names the file
         context = verdict_context(texts[0], filename, build) if texts else None
-        keys = [digest("verdict", t, level, context) for t in texts]
+        origin = None if spec is None else spec.to_json()
+        keys = [digest("verdict", t, level, context, origin) for t in texts]
         # a cached verdict whose headers (or database, or spec modules) changed since is computed again
         verdicts: list[Verdict | None] = [_current(self._verdicts.get(k)) for k in keys]
         missing = [i for i, v in enumerate(verdicts) if v is None]
@@ -83,7 +88,9 @@ class Validation:
         pool = await asyncio.to_thread(self.pool)
         futures: list[concurrent.futures.Future[Verdict] | None] = [None] * len(texts)
         for i in missing:
-            futures[i] = pool.submit_cu(texts[i], run=(level == "run"), build=build, **file_kwargs(filename))
+            futures[i] = pool.submit_cu(
+                texts[i], run=(level == "run"), build=build, spec_origin=spec, **file_kwargs(filename)
+            )
         fresh = await self.wait(
             request,
             futures,

@@ -1,6 +1,8 @@
 """The ``.cu`` path, run inside a worker: the compile checks (:mod:`dice.validator.cu_compile`: NVRTC on the
 device code, nvcc on the whole file with the project's flags), and with a ``dice-spec`` plus a GPU: inputs,
-launch, reference, comparison and timing. Correctness needs two independently seeded input sets
+launch, reference, comparison and timing. The spec run is the user's: for a fill, the task's
+``spec_origin`` (parsed before the splice, :mod:`dice.validator.spec_origin`), never one read from the
+spliced text, which is rejected when it shows another. Correctness needs two independently seeded input sets
 (:data:`SPEC_SEEDS`: ``inputs()`` after seeding torch, ``random`` and NumPy with 0, then with 1), each
 compared by :func:`dice.validator.gpu.compare_outputs`; timing uses the first."""
 
@@ -17,10 +19,12 @@ from dice.validator.cu_compile import CuFile, run_compile_checks
 from dice.validator.paths import cuda_include_dirs
 from dice.validator.runtime_guards import Replaced, all_equal, monkey_patch
 from dice.validator.spec_files import spec_folder_imports
+from dice.validator.spec_origin import SpecOrigin, fill_changes_spec, spec_change
 from dice.validator.unchecked import describe_unchecked
 from dice.validator.verdict import FLAG_NOT_RUN, Verdict, speedup_flags
 
 if TYPE_CHECKING:
+    from dice.cuda_source import CudaDocument
     from dice.validator.context import WorkerContext
     from dice.validator.gpu import Timing
 
@@ -45,8 +49,11 @@ def run_cu(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, bool]:
     )
     run: bool = bool(task.get("run", True))
     ctx.phase("build")
-    device = extract_device_code(file.text)
     doc = parse_document(file.text)
+    spec_source = spec_to_run(task, doc)
+    if isinstance(spec_source, Verdict):
+        return spec_source, False
+    device = extract_device_code(file.text)
     kernels = [f.name for f in doc.functions if f.kind == "global" and f.name]
     checks = run_compile_checks(ctx, file, device, doc)
     ctx.task_deps = list(checks.deps)
@@ -71,7 +78,7 @@ def run_cu(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, bool]:
             unchecked=checks.unchecked,
         ), False
 
-    if doc.spec is None:
+    if spec_source is None:
         return compiled_only(
             "the file has no dice-spec block (add one with inputs/reference/launch to run it)"
         )
@@ -87,13 +94,27 @@ def run_cu(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, bool]:
         ctx,
         device.source,
         kernels,
-        doc.spec.source,
+        spec_source,
         file.filename,
         checks.checked,
         checks.log,
         file.folder,
         checks.nvrtc_options,
     )
+
+
+def spec_to_run(task: dict[str, Any], doc: CudaDocument) -> str | None | Verdict:
+    """The spec source the task runs (None: no spec), or the verdict refusing it. A task with fills spliced
+    in carries ``spec_origin``, the user's spec parsed before the splice: that is the spec, and a spliced
+    text showing another is rejected (:func:`dice.validator.spec_origin.spec_change`). Without it the
+    text is the user's own file and its spec is theirs."""
+    if not task.get("spec_origin"):
+        return None if doc.spec is None else doc.spec.source
+    origin = SpecOrigin.from_json(task["spec_origin"])
+    changed = spec_change(origin, doc)
+    if changed is not None:
+        return fill_changes_spec(changed)
+    return origin.source
 
 
 @dataclass

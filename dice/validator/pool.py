@@ -48,6 +48,7 @@ from dice.validator.limits import NVCC_TIMEOUT_S, NVRTC_TIMEOUT_S
 from dice.validator.paths import cache_dir, source_hash
 from dice.validator.reference import check_reference
 from dice.validator.spec_files import dependency_stamps, stamps_current
+from dice.validator.spec_origin import SpecOrigin, fill_changes_spec, marker_change
 from dice.validator.verdict import Verdict, error_verdict
 
 STARTUP_TIMEOUT_S = 180.0
@@ -308,8 +309,11 @@ class ValidatorPool:
         filename: str = "kernel.cu",
         folder: str | os.PathLike[str] | None = None,
         build: BuildOptions | None = None,
+        spec_origin: SpecOrigin | None = None,
     ) -> Verdict:
-        return self.submit_cu(text, run=run, filename=filename, folder=folder, build=build).result()
+        return self.submit_cu(
+            text, run=run, filename=filename, folder=folder, build=build, spec_origin=spec_origin
+        ).result()
 
     def validate_kernelbench(
         self, ref_src: str, cand_src: str, *, strict: bool = False, timing: bool = True
@@ -324,6 +328,7 @@ class ValidatorPool:
         filename: str = "kernel.cu",
         folder: str | os.PathLike[str] | None = None,
         build: BuildOptions | None = None,
+        spec_origin: SpecOrigin | None = None,
     ) -> concurrent.futures.Future[Verdict]:
         """Compile a ``.cu`` file (NVRTC on its device code, nvcc on the whole file with its project's
         flags); with a dice-spec, a GPU and ``run``, also run and time it.
@@ -335,7 +340,18 @@ class ValidatorPool:
         (:class:`~dice.validator.build_flags.BuildOptions`). The verdict cache keys on all of these, on the
         database's stamp, and on the stamps of every project header nvcc read; :meth:`clear_cache`
         forgets verdicts when a file a dice-spec imports changes.
+
+        ``spec_origin``: for a text with model fills spliced in, the user's spec from the file before the
+        splice (:func:`dice.validator.spec_origin.spec_origin`). It is the spec run, and a text that shows
+        another (a fill with its own ``dice-spec``, one that comments out or ``#if 0``-s the user's) is
+        ``rejected`` (``fill_changes_spec``) before anything is compiled; an added marker already here.
         """
+        if spec_origin is not None:
+            added = marker_change(spec_origin, text)
+            if added is not None:
+                done: concurrent.futures.Future[Verdict] = concurrent.futures.Future()
+                done.set_result(fill_changes_spec(added))
+                return done
         payload = {
             "kind": "cu",
             "text": text,
@@ -343,6 +359,7 @@ class ValidatorPool:
             "filename": Path(filename).name,
             "folder": None if folder is None else os.path.abspath(os.fspath(folder)),
             "build": None if build is None else build.to_json(),
+            "spec_origin": None if spec_origin is None else spec_origin.to_json(),
             "limits": self._limits,
         }
         stamps = dependency_stamps(text, payload["folder"], payload["filename"])

@@ -187,7 +187,13 @@ async def test_tcp_reads_with_the_same_framing(tmp_path) -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "lsp_server", "--tcp", f"127.0.0.1:{port}", stderr=asyncio.subprocess.PIPE
+        sys.executable,
+        "-m",
+        "lsp_server",
+        "--tcp",
+        f"127.0.0.1:{port}",
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "DICE_LSP_TOKEN": "tcp-test-token"},  # lsp_server.auth: TCP needs the token
     )
     try:
         while b"Serving on" not in await asyncio.wait_for(proc.stderr.readline(), WAIT_S):
@@ -196,7 +202,7 @@ async def test_tcp_reads_with_the_same_framing(tmp_path) -> None:
         client = Client.__new__(Client)
         client.proc = type("Pipe", (), {"stdin": writer, "stdout": reader})()
         client.seen = []
-        await client.initialize({"modelPath": str(tmp_path / "none")})
+        await client.initialize({"modelPath": str(tmp_path / "none"), "token": "tcp-test-token"})
         client.write(framed(body_of(stats(1)), b"Content-Length: nope\r\n") + framed(body_of(stats(2))))
         body = body_of(stats(3))
         client.write(framed(body, b"content-length:%d\r\n" % len(body)))

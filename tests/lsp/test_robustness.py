@@ -5,6 +5,7 @@ edits a document on its own."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -190,7 +191,13 @@ async def test_tcp_transport(tmp_path: Path) -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "lsp_server", "--tcp", f"127.0.0.1:{port}", stderr=asyncio.subprocess.PIPE
+        sys.executable,
+        "-m",
+        "lsp_server",
+        "--tcp",
+        f"127.0.0.1:{port}",
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "DICE_LSP_TOKEN": "tcp-test-token"},  # lsp_server.auth: TCP needs the token
     )
     try:
         # wait for the server's own "Serving on" log line, then connect
@@ -199,7 +206,7 @@ async def test_tcp_transport(tmp_path: Path) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         server = RawServer.__new__(RawServer)
         server.proc = type("Pipe", (), {"stdin": writer, "stdout": reader})()
-        result = await server.initialize({"modelPath": str(tmp_path / "none")})
+        result = await server.initialize({"modelPath": str(tmp_path / "none"), "token": "tcp-test-token"})
         assert "inlineCompletionProvider" in result["result"]["capabilities"]
         server.send({"jsonrpc": "2.0", "id": 1, "method": "shutdown"})
         assert (await server.response(1))["result"] is None
