@@ -1,8 +1,9 @@
 """Static honesty guards on KernelBench candidates: pure functions over the source text (no execution).
 
 Each guard that fires gives a :class:`GuardHit` whose ``guard`` names it; the verdict's status is then
-``rejected`` and its message quotes the hit. The dynamic guards (inputs mutated, outputs cached or aliased,
-lazy tensors, patched timers, work on side streams, kernels never launched) run in the worker
+``rejected`` and its message quotes the hit (:data:`STATIC_GUARDS` lists them; the name resolution and
+dataflow ones are in :mod:`dice.validator.guards_flow`). The dynamic guards (inputs mutated, outputs cached
+or aliased, lazy tensors, patched timers, work on side streams, kernels never launched) run in the worker
 (:mod:`dice.validator.runtime_guards`).
 """
 
@@ -12,6 +13,7 @@ import ast
 import re
 from dataclasses import dataclass, field
 
+from dice.validator.guards_flow import flow_guards
 from dice.validator.reference import top_level_names
 
 PATCHABLE_MODULES = frozenset(
@@ -37,6 +39,20 @@ FAKE_TENSOR_NAMES = frozenset(
 )
 BUILD_CALLS = frozenset(
     {"load_inline", "load", "RawKernel", "RawModule", "ElementwiseKernel", "compile_kernel"}
+)
+
+
+# The names of the static guards :func:`static_guards` runs (the verdict names the set it ran).
+STATIC_GUARDS = (
+    "no_custom_kernel",
+    "torch_fallback",
+    "dynamic_code",
+    "kernel_result_unused",
+    "kernel_never_called",
+    "side_thread",
+    "side_stream",
+    "monkey_patch",
+    "fake_tensor",
 )
 
 
@@ -113,11 +129,14 @@ def static_guards(src: str, info: CandidateInfo) -> list[GuardHit]:
 
     builders = _builder_functions(tree)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Try) and not all(_setup_statement(s, builders) for s in node.body):
+        if isinstance(node, (ast.Try, ast.TryStar)) and not all(
+            _setup_statement(s, builders) for s in node.body
+        ):
             hits.append(
                 GuardHit("torch_fallback", "try/except around the computation (a fallback path)", node.lineno)
             )
             break
+    hits += [GuardHit(*hit) for hit in flow_guards(tree, lambda s: _setup_statement(s, builders))]
 
     resolved_cuda = [ext for ext in info.extensions if ext.resolved]
     if resolved_cuda and info.cuda_text and not CUDA_LAUNCH.search(info.cuda_text):

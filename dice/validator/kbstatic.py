@@ -5,16 +5,21 @@ sources resolve statically, compiled with NVRTC)."""
 from __future__ import annotations
 
 from dice.validator.compile import TORCH_HEADER_PREFIXES, nvrtc_compile
-from dice.validator.guards import CandidateInfo
+from dice.validator.guards import STATIC_GUARDS, CandidateInfo
 from dice.validator.paths import default_arch
 from dice.validator.verdict import FLAG_NOT_RUN, Verdict
+
+STATIC_CAVEAT = (
+    "The static guards read the source for known ways of cheating; passing them is not a proof that the "
+    "kernel computes the result (only the GPU run with the dynamic guards checks that)."
+)
 
 
 def static_compile_check(info: CandidateInfo, strict: bool) -> Verdict:
     """Without a GPU, what can honestly be checked: Python syntax, static guards and the device code."""
     from dice.cuda_source import extract_device_code
 
-    checked = ["Python syntax", "static honesty guards"]
+    checked = ["Python syntax", f"the static guards ({', '.join(STATIC_GUARDS)})"]
     not_checked = [
         "the torch extension build (host code, load_inline)",
         "correctness",
@@ -51,7 +56,7 @@ def static_compile_check(info: CandidateInfo, strict: bool) -> Verdict:
     tol = "1e-4" if strict else "1e-2"
     message = (
         f"compiled (no GPU): checked {', '.join(checked)}; not checked: {', '.join(not_checked)} "
-        f"(tolerance {tol} applies when run on a GPU)"
+        f"(tolerance {tol} applies when run on a GPU). {STATIC_CAVEAT}"
     )
     return Verdict(
         "compiled", True, None, message=message, log="\n".join(x for x in logs if x), flags=[FLAG_NOT_RUN]

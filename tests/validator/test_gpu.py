@@ -42,14 +42,14 @@ if os.environ.get("DICE_GPU_TEST_PROBLEMS"):
 ADVERSARIAL = {
     "adv_pure_torch.py": "no_custom_kernel",
     "adv_try_fallback.py": "torch_fallback",
-    "adv_never_called.py": "kernel_never_called",
+    "adv_never_called.py": "kernel_result_unused",  # static now (forward returns torch.relu(x))
     "adv_side_stream_static.py": "side_stream",
-    "adv_side_stream_hidden.py": "side_stream",
+    "adv_side_stream_hidden.py": "dynamic_code",  # static now: getattr(torch, "cu" + "da")
     "adv_side_thread.py": "side_thread",
     "adv_inputs_mutated.py": "inputs_mutated",
     "adv_outputs_cached.py": "outputs_cached",
     "adv_timer_patch.py": "monkey_patch",
-    "adv_timer_patch_hidden.py": "monkey_patch",
+    "adv_timer_patch_hidden.py": "dynamic_code",
     "adv_fake_tensor_static.py": "fake_tensor",
     "adv_fake_tensor_meta.py": "fake_tensor",
     "adv_precision_downgrade.py": "precision_downgrade",

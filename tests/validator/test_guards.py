@@ -18,11 +18,12 @@ STATIC = {
     "adv_side_thread.py": "side_thread",
     "adv_timer_patch.py": "monkey_patch",
     "adv_fake_tensor_static.py": "fake_tensor",
+    # written to get past the first static guards; the data-flow and dynamic-code guards see them now
+    "adv_never_called.py": "kernel_result_unused",  # forward returns torch.relu(x)
+    "adv_side_stream_hidden.py": "dynamic_code",  # getattr(torch, "cu" + "da")
+    "adv_timer_patch_hidden.py": "dynamic_code",
 }
 DYNAMIC_ONLY = [
-    "adv_never_called.py",
-    "adv_side_stream_hidden.py",
-    "adv_timer_patch_hidden.py",
     "adv_fake_tensor_meta.py",
     "adv_inputs_mutated.py",
     "adv_outputs_cached.py",
