@@ -10,7 +10,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -117,17 +120,32 @@ class WorkerContext:
         self.send({"event": "phase", "id": self.task_id, "phase": name})
 
     def acquire_gpu(self) -> None:
-        """Take this GPU's lock (shared by every pool on the machine), so runs and timings never overlap."""
+        """Take this GPU's lock (shared by every pool on the machine), so runs and timings never overlap;
+        GpuBusy after ``$DICE_GPU_LOCK_WAIT_S`` (default 300) seconds of waiting.
+
+        A POSIX record lock (``lockf``), not ``flock``: it belongs to this process alone, so a child that
+        candidate code forks (a ``setsid`` daemon) does not inherit it, and it goes when this worker exits
+        or is killed. (With ``flock`` such a daemon held the lock for every pool on the machine.)"""
         self.phase("wait_gpu")
         if self.gpu_lock_path and self._lock_fd is None:
-            fd = os.open(self.gpu_lock_path, os.O_CREAT | os.O_RDWR, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fd = os.open(self.gpu_lock_path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o644)
+            try:
+                _lock_within(fd, float(os.environ.get("DICE_GPU_LOCK_WAIT_S") or GPU_LOCK_WAIT_S))
+            except GpuBusy as exc:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+                os.close(fd)
+                raise GpuBusy(f"{exc} (held by pid {holder}; lock file {self.gpu_lock_path})") from None
+            except BaseException:
+                os.close(fd)
+                raise
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
             self._lock_fd = fd
         self.phase("run")
 
     def release_gpu(self) -> None:
         if self._lock_fd is not None:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            fcntl.lockf(self._lock_fd, fcntl.LOCK_UN)
             os.close(self._lock_fd)
             self._lock_fd = None
 
@@ -136,3 +154,36 @@ class WorkerContext:
         path = self.workdir / f"task{self._task_counter}"
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+
+GPU_LOCK_WAIT_S = 300.0
+
+
+class GpuBusy(TimeoutError):
+    """The GPU lock was not free within its deadline (the task's verdict: ``timeout``)."""
+
+
+def _lock_within(fd: int, seconds: float) -> None:
+    """Block on a POSIX write lock of ``fd`` for at most ``seconds`` (the kernel's queue keeps waiters in
+    order; an interval timer interrupts the wait in the main thread, polling elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise GpuBusy(f"the GPU stayed busy for {seconds:g} s") from None
+                time.sleep(0.05)
+
+    def expired(signum: int, frame: object) -> None:
+        raise GpuBusy(f"the GPU stayed busy for {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

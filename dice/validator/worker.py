@@ -29,7 +29,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from dice.validator.context import WorkerContext
+from dice.validator.context import GpuBusy, WorkerContext
 from dice.validator.lifeline import die_with_parent, watch_owner
 from dice.validator.limits import NVRTC
 from dice.validator.spec_files import dependency_file_stamps
@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         restart = False
         try:
             verdict, restart = _run_task(ctx, task)
+        except GpuBusy as exc:  # another task (or what a candidate left behind) held the GPU too long
+            verdict = error_verdict("timeout", f"not run: {exc}", "")
         except Exception as exc:  # noqa: BLE001 - any failure of a task becomes its verdict
             verdict = error_verdict(
                 "runtime_error", f"validator error: {type(exc).__name__}: {exc}", traceback.format_exc()
