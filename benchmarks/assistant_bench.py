@@ -62,7 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         p for p in (ROOT / "examples").glob("*.cu") if parse_document(p.read_text()).masks
     )
     settings = AssistantSettings(
-        model_path=args.model, candidates=args.candidates, max_latency_ms=0, validation_level=args.validation
+        model_path=args.model,
+        candidates=args.candidates,
+        max_latency_ms=0,
+        validation_level=args.validation,
+        trusted_workspace=True,  # the repository's own examples
     )
 
     from dice.validator import ValidatorPool

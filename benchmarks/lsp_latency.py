@@ -204,6 +204,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "validationLevel": args.validation,
         "maxLatencyMs": 600_000,
         "automaticTrigger": True,
+        "trustedWorkspace": True,  # the repository's own examples: their dice-spec may run
     }
     client = BenchClient()
     await client.start_io(sys.executable, "-m", "lsp_server")

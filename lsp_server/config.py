@@ -52,6 +52,7 @@ class ValidationSettings:
     compile_commands: str = _default("compile_commands")  # "" = discovered beside the file
     include_paths: tuple[str, ...] = _default("include_paths")
     defines: tuple[str, ...] = _default("defines")
+    trusted: bool = _default("trusted_workspace")  # False: compile-only, no spec or reference is run
 
 
 # Python setting name -> (section, field) of DiceSettings
@@ -70,6 +71,7 @@ SECTIONS: dict[str, tuple[str, str]] = {
     "compile_commands": ("validation", "compile_commands"),
     "include_paths": ("validation", "include_paths"),
     "defines": ("validation", "defines"),
+    "trusted_workspace": ("validation", "trusted"),
     "show_failing_suggestions": ("suggestions", "show_failing"),
 }
 

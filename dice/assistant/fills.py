@@ -97,6 +97,7 @@ class FillPipeline:
             n,
             s.decode_key(),
             s.validation_level,
+            s.trusted_workspace,
             self.model.key(),
             verdict_context(text, filename, build_options(s, self.workspace_root)),
         )

@@ -50,7 +50,16 @@ class ProgramGenerator:
         from engine.answers import extract_program
 
         s = self.model.settings
-        key = digest("program", ref_src, n, budget, s.decode_key(), s.validation_level, self.model.key())
+        key = digest(
+            "program",
+            ref_src,
+            n,
+            budget,
+            s.decode_key(),
+            s.validation_level,
+            s.trusted_workspace,
+            self.model.key(),
+        )
         cached = self.programs.get(key)
         if cached is not None:
             self.stats["document_cache_hits"] += 1

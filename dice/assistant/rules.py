@@ -2,7 +2,8 @@
 
 - which fill may be shown or written (:func:`usable`),
 - where a cursor with no mask is a hole the model may fill (:func:`implicit_mask_at`),
-- what a generated program file starts with (:func:`program_with_header`).
+- what a generated program file starts with (:func:`program_with_header`),
+- whether the workspace's code may be run at all (:func:`code_run_refusal`).
 
 The other rules live with what they are about: program extraction from a model answer in
 ``engine.answers``, model-folder resolution in ``engine.locate``, the KernelBench reference in
@@ -35,6 +36,18 @@ def usable(verdict: Verdict | Mapping[str, Any] | None, validation_level: str) -
     status = verdict.status if isinstance(verdict, Verdict) else verdict.get("status")
     compiled = verdict.compiled if isinstance(verdict, Verdict) else verdict.get("compiled")
     return bool(compiled) and status in ("compiled", "correct")
+
+
+NOT_TRUSTED = "workspace not trusted (trust it, or set dice.trustedWorkspace, to run its dice-spec)"
+
+
+def code_run_refusal(trusted: bool) -> str | None:
+    """Why nothing from the workspace may be run (a ``dice-spec`` block is Python the validator executes, a
+    KernelBench reference and its candidates are Python too), or None: it may. An untrusted workspace is
+    validated compile-only, and its verdicts say why (``Not run: workspace not trusted``, the flag
+    ``workspace_not_trusted``). The one gate: ``dice.assistant.validation.Validation`` applies it to every
+    task it submits."""
+    return None if trusted else NOT_TRUSTED
 
 
 def implicit_mask_at(doc: CudaDocument, byte_offset: int) -> Mask | None:

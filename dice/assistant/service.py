@@ -61,6 +61,7 @@ class AssistantService:
         self.stats: dict[str, int] = {"engine_calls": 0, "validations": 0, "document_cache_hits": 0}
         self._model = ModelOwner(settings or AssistantSettings(), engine)
         self._validation = Validation(validator, cache_size=cache_size * 16, stats=self.stats)
+        self._validation.trusted = self._model.settings.trusted_workspace
         self._fills = FillPipeline(self._model, self._validation, cache_size=cache_size, stats=self.stats)
         self._fills.workspace_root = workspace_root
         self._programs = ProgramGenerator(
@@ -97,6 +98,7 @@ class AssistantService:
         Cached results stay valid: every cache key includes the settings and the model that produced it.
         """
         self._model.update(settings)
+        self._validation.trusted = settings.trusted_workspace
 
     @property
     def gpu(self) -> bool:
@@ -192,7 +194,8 @@ class AssistantService:
         return await self._programs.generate(ref_src, samples or self.settings.candidates, budget, request)
 
     async def validate_document(self, text: str, *, filename: FileName = None) -> Verdict:
-        """Compile the file's device code; run and time it against its dice-spec when there is a GPU."""
+        """Compile the file's device code; run and time it against its dice-spec when there is a GPU and the
+        workspace is trusted (``settings.trusted_workspace``; else compile-only, and the verdict says why)."""
         run = self.settings.validation_level != "compile"
         build = build_options(self.settings, self._fills.workspace_root)
         return await self._validation.document(text, run=run, filename=filename, build=build)

@@ -155,6 +155,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("defines", "defines", "array", ()),
     # when no candidate passes validation, still show the best one, marked with its verdict
     Setting("show_failing_suggestions", "showFailingSuggestions", "boolean", True, assistant=False),
+    # run the workspace's code (dice-spec blocks, KernelBench references and candidates): off, validation is
+    # compile-only (rules.code_run_refusal); VS Code sends its own workspace trust instead. The CLI sets it.
+    Setting("trusted_workspace", "trustedWorkspace", "boolean", False),
     Setting("sample_temperature", None, "number", 0.8, exclusive_minimum=0.0),
     Setting("seed", None, "integer", 0),
 )
@@ -170,6 +173,9 @@ def _default(name: str) -> Any:
 @dataclass(frozen=True)
 class AssistantSettings:
     """What the user can configure (``SETTINGS`` holds each field's default and bounds).
+
+    ``trusted_workspace`` False (the default) validates compile-only: nothing the file's folder wrote is run
+    (``rules.code_run_refusal``).
 
     ``model_path`` None (or "") means ``$DICE_MODEL``, else the embedded model. ``max_latency_ms`` <= 0
     means no latency budget: the command line's default, and allowed only here (the editor's minimum is
@@ -191,6 +197,7 @@ class AssistantSettings:
     compile_commands: str = _default("compile_commands")
     include_paths: tuple[str, ...] = _default("include_paths")
     defines: tuple[str, ...] = _default("defines")
+    trusted_workspace: bool = _default("trusted_workspace")
     sample_temperature: float = _default("sample_temperature")
     seed: int = _default("seed")
 

@@ -1,5 +1,7 @@
 """The validator's owner for the assistant: the worker pool (created on first use unless one is passed in),
-the verdict cache, and awaiting verdicts under a request's deadline and cancellation."""
+the verdict cache, and awaiting verdicts under a request's deadline and cancellation. It is also the one
+gate on running the workspace's code: unless ``trusted``, every task is compile-only
+(``rules.code_run_refusal``)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from dice.assistant.caches import LRU, digest
 from dice.assistant.request import Request
+from dice.assistant.rules import code_run_refusal
 
 if TYPE_CHECKING:
     from dice.assistant.settings import AssistantSettings
@@ -32,6 +35,12 @@ class Validation:
         self._gpu: bool | None = None
         self._verdicts: LRU[str, Verdict] = LRU(cache_size)
         self._stats = stats
+        self.trusted = False  # the settings' trusted_workspace (AssistantService keeps it in step)
+
+    @property
+    def not_run(self) -> str | None:
+        """Why nothing may be run here (an untrusted workspace), or None."""
+        return code_run_refusal(self.trusted)
 
     @property
     def gpu(self) -> bool:
@@ -79,7 +88,8 @@ class Validation:
         # the same text under another name gets its own verdict: the log names the file
         context = verdict_context(texts[0], filename, build) if texts else None
         origin = None if spec is None else spec.to_json()
-        keys = [digest("verdict", t, level, context, origin) for t in texts]
+        not_run = self.not_run
+        keys = [digest("verdict", t, level, context, origin, not_run) for t in texts]
         # a cached verdict whose headers (or database, or spec modules) changed since is computed again
         verdicts: list[Verdict | None] = [_current(self._verdicts.get(k)) for k in keys]
         missing = [i for i, v in enumerate(verdicts) if v is None]
@@ -89,7 +99,12 @@ class Validation:
         futures: list[concurrent.futures.Future[Verdict] | None] = [None] * len(texts)
         for i in missing:
             futures[i] = pool.submit_cu(
-                texts[i], run=(level == "run"), build=build, spec_origin=spec, **file_kwargs(filename)
+                texts[i],
+                run=(level == "run"),
+                build=build,
+                spec_origin=spec,
+                not_run=not_run,
+                **file_kwargs(filename),
             )
         fresh = await self.wait(
             request,
@@ -111,7 +126,8 @@ class Validation:
     ) -> list[Any]:
         """KernelBench verdicts of whole programs for one reference (no deadline applies)."""
         pool = await asyncio.to_thread(self.pool)
-        futures = [pool.submit_kernelbench(ref_src, src, timing=timing) for src in sources]
+        not_run = self.not_run
+        futures = [pool.submit_kernelbench(ref_src, src, timing=timing, not_run=not_run) for src in sources]
         return await self.wait(
             request, futures, [None] * len(sources), required=set(), label="validating programs"
         )
@@ -120,7 +136,7 @@ class Validation:
         self, text: str, *, run: bool, filename: str | Path | None, build: BuildOptions | None = None
     ) -> Verdict:
         pool = await asyncio.to_thread(self.pool)
-        future = pool.submit_cu(text, run=run, build=build, **file_kwargs(filename))
+        future = pool.submit_cu(text, run=run, build=build, not_run=self.not_run, **file_kwargs(filename))
         self._stats["validations"] += 1
         return await asyncio.wrap_future(future)
 

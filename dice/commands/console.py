@@ -183,6 +183,8 @@ def settings_from_args(args: argparse.Namespace) -> AssistantSettings:
         compile_commands=vars(args).get("compile_commands") or "",
         include_paths=tuple(vars(args).get("include_paths") or ()),
         defines=tuple(vars(args).get("defines") or ()),
+        # the user named the file on the command line: its dice-spec (or reference) is theirs to run
+        trusted_workspace=True,
     )
 
 

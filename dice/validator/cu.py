@@ -21,7 +21,7 @@ from dice.validator.runtime_guards import Replaced, all_equal, monkey_patch
 from dice.validator.spec_files import spec_folder_imports
 from dice.validator.spec_origin import SpecOrigin, fill_changes_spec, spec_change
 from dice.validator.unchecked import describe_unchecked
-from dice.validator.verdict import FLAG_NOT_RUN, Verdict, speedup_flags
+from dice.validator.verdict import FLAG_NOT_RUN, FLAG_NOT_TRUSTED, Verdict, speedup_flags
 
 if TYPE_CHECKING:
     from dice.cuda_source import CudaDocument
@@ -47,7 +47,8 @@ def run_cu(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, bool]:
         folder=task.get("folder") or None,
         build=BuildOptions.from_json(build) if build else None,
     )
-    run: bool = bool(task.get("run", True))
+    not_run: str | None = task.get("not_run") or None  # an untrusted workspace: its spec is never run
+    run: bool = bool(task.get("run", True)) and not_run is None
     ctx.phase("build")
     doc = parse_document(file.text)
     spec_source = spec_to_run(task, doc)
@@ -60,7 +61,7 @@ def run_cu(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, bool]:
     if checks.error is not None:
         return checks.error, False
 
-    def compiled_only(reason: str) -> tuple[Verdict, bool]:
+    def compiled_only(reason: str, flags: tuple[str, ...] = ()) -> tuple[Verdict, bool]:
         message = "compiled: " + "; ".join(checks.checked) + f". Not run: {reason}."
         if checks.unchecked:
             described = describe_unchecked(checks.unchecked)
@@ -73,7 +74,7 @@ def run_cu(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, bool]:
             None,
             message=message,
             log=checks.log,
-            flags=[FLAG_NOT_RUN],
+            flags=[FLAG_NOT_RUN, *flags],
             diagnostics=checks.warnings,
             unchecked=checks.unchecked,
         ), False
@@ -82,6 +83,8 @@ def run_cu(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, bool]:
         return compiled_only(
             "the file has no dice-spec block (add one with inputs/reference/launch to run it)"
         )
+    if not_run is not None:
+        return compiled_only(not_run, (FLAG_NOT_TRUSTED,))
     if not run:
         return compiled_only("compile-only validation was requested")
     if not ctx.gpu:

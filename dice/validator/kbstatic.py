@@ -7,7 +7,7 @@ from __future__ import annotations
 from dice.validator.compile import TORCH_HEADER_PREFIXES, nvrtc_compile
 from dice.validator.guards import STATIC_GUARDS, CandidateInfo
 from dice.validator.paths import default_arch
-from dice.validator.verdict import FLAG_NOT_RUN, Verdict
+from dice.validator.verdict import FLAG_NOT_RUN, FLAG_NOT_TRUSTED, Verdict
 
 STATIC_CAVEAT = (
     "The static guards read the source for known ways of cheating; passing them is not a proof that the "
@@ -15,8 +15,9 @@ STATIC_CAVEAT = (
 )
 
 
-def static_compile_check(info: CandidateInfo, strict: bool) -> Verdict:
-    """Without a GPU, what can honestly be checked: Python syntax, static guards and the device code."""
+def static_compile_check(info: CandidateInfo, strict: bool, *, not_run: str | None = None) -> Verdict:
+    """Without a GPU, what can honestly be checked: Python syntax, static guards and the device code.
+    ``not_run``: the reason nothing may run on this machine either (an untrusted workspace)."""
     from dice.cuda_source import extract_device_code
 
     checked = ["Python syntax", f"the static guards ({', '.join(STATIC_GUARDS)})"]
@@ -54,12 +55,18 @@ def static_compile_check(info: CandidateInfo, strict: bool) -> Verdict:
             "CUDA source built at run time (line " + ", ".join(str(e.line) for e in unresolved) + ")"
         )
     tol = "1e-4" if strict else "1e-2"
+    why = "no GPU" if not_run is None else "not run: " + not_run
     message = (
-        f"compiled (no GPU): checked {', '.join(checked)}; not checked: {', '.join(not_checked)} "
+        f"compiled ({why}): checked {', '.join(checked)}; not checked: {', '.join(not_checked)} "
         f"(tolerance {tol} applies when run on a GPU). {STATIC_CAVEAT}"
     )
     return Verdict(
-        "compiled", True, None, message=message, log="\n".join(x for x in logs if x), flags=[FLAG_NOT_RUN]
+        "compiled",
+        True,
+        None,
+        message=message,
+        log="\n".join(x for x in logs if x),
+        flags=[FLAG_NOT_RUN] + ([FLAG_NOT_TRUSTED] if not_run is not None else []),
     )
 
 

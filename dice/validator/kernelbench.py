@@ -86,8 +86,9 @@ def run_kernelbench(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, 
         v = rejected(hits[0].guard, hits[0].message, where=hits[0].where, compiled=False)
         v.log = "\n".join(h.describe() for h in hits)
         return v, False
-    if not ctx.gpu:
-        return static_compile_check(info, strict), False
+    not_run = task.get("not_run") or None  # an untrusted workspace: neither reference nor candidate runs
+    if not ctx.gpu or not_run is not None:
+        return static_compile_check(info, strict, not_run=not_run), False
     return _run_on_gpu(ctx, ref_src, cand_src, strict, timing)
 
 

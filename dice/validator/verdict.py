@@ -25,9 +25,11 @@ FLAG_CUSTOM_KERNELS_MINOR = "custom_kernels_minor"
 FLAG_LAUNCH_NOT_VERIFIED = "kernel_launch_not_verified"
 FLAG_NOT_RUN = "not_run"
 FLAG_CACHED = "cached_verdict"
+# The workspace is not trusted: nothing from it (dice-spec, KernelBench reference or candidate) was run.
+FLAG_NOT_TRUSTED = "workspace_not_trusted"
 # Set by the assistant (mark_unchecked) on a fill that lies in code no compiler type-checked.
 FLAG_FILL_NOT_CHECKED = "fill_not_checked"
-_WORDED_FLAGS = (FLAG_NOT_RUN, FLAG_FILL_NOT_CHECKED)  # flags the label says in words
+_WORDED_FLAGS = (FLAG_NOT_RUN, FLAG_FILL_NOT_CHECKED, FLAG_NOT_TRUSTED)  # flags the label says in words
 NOT_CHECKED_PREFIX = "fill not checked: "
 
 
@@ -162,6 +164,8 @@ def verdict_label(verdict: Verdict | Mapping[str, Any] | None) -> str:
         )
     elif status == "compiled" and FLAG_FILL_NOT_CHECKED in (v.get("flags") or []):
         text = f"not checked ({_not_checked_reason(v)}) · not run"
+    elif status == "compiled" and FLAG_NOT_TRUSTED in (v.get("flags") or []):
+        text = "compiled ✓ · not run: workspace not trusted"
     elif status == "compiled":
         text = "compiled ✓ · not run"
     elif status == "compile_error":

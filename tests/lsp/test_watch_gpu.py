@@ -42,7 +42,9 @@ extern "C" __global__ void scale(const float* x, float* y, float a, int n) {
 
 @pytest_lsp.fixture(scope="module", config=server_config())
 async def client(lsp_client: LanguageClient, tiny_model: Path):
-    await lsp_client.initialize_session(init_params(model_options(tiny_model, validationLevel="run")))
+    await lsp_client.initialize_session(
+        init_params(model_options(tiny_model, validationLevel="run", trustedWorkspace=True))
+    )
     await wait_status(lsp_client, "ready")
     yield
     await lsp_client.shutdown_session()

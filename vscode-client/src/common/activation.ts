@@ -28,7 +28,7 @@ export function activateDice(context: Pick<ExtensionContext, 'subscriptions'>, c
 
     let reported = '';
     const serverSettings = (): DiceServerSettings => {
-        const { settings, problems } = resolveServerSettings(get, vars());
+        const { settings, problems } = resolveServerSettings(get, vars(), api.isWorkspaceTrusted());
         const joined = problems.join('\n');
         if (joined !== reported) {
             reported = joined;
@@ -146,6 +146,10 @@ export function activateDice(context: Pick<ExtensionContext, 'subscriptions'>, c
             if (e.contentChanges.length > 0) {
                 status.clearSuggestion(e.document.uri.toString());
             }
+        }),
+        // Restricted Mode left: the server may now run the workspace's dice-spec and KernelBench code.
+        api.onDidGrantWorkspaceTrust(() => {
+            manager.pushSettings().catch((err) => log.error(`Sending settings failed: ${String(err)}`));
         }),
         api.onDidChangeConfiguration((e) => {
             if (!e.affectsConfiguration(CONFIG_SECTION)) {

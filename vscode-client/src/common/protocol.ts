@@ -59,6 +59,8 @@ export interface DiceServerSettings {
     includePaths: string[];
     defines: string[];
     showFailingSuggestions: boolean;
+    // run the workspace's dice-spec / KernelBench code; VS Code sends workspace.isTrusted here
+    trustedWorkspace: boolean;
 }
 
 export const DEFAULT_SERVER_SETTINGS: Readonly<DiceServerSettings> = Object.freeze({
@@ -77,6 +79,7 @@ export const DEFAULT_SERVER_SETTINGS: Readonly<DiceServerSettings> = Object.free
     includePaths: [],
     defines: [],
     showFailingSuggestions: true,
+    trustedWorkspace: false,
 });
 
 export const SERVER_SETTING_KEYS = Object.keys(DEFAULT_SERVER_SETTINGS) as (keyof DiceServerSettings)[];

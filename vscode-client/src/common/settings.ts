@@ -63,6 +63,7 @@ const CHECKS: Record<keyof DiceServerSettings, [Check, string]> = {
     includePaths: [stringList, 'a list of folders'],
     defines: [stringList, 'a list of NAME or NAME=VALUE'],
     showFailingSuggestions: [(v) => typeof v === 'boolean', 'true or false'],
+    trustedWorkspace: [(v) => typeof v === 'boolean', 'true or false'],
 };
 
 export function expandPath(value: string, vars: PathVariables): string {
@@ -76,8 +77,16 @@ export function expandPath(value: string, vars: PathVariables): string {
     return out;
 }
 
-/** The `dice` object sent as initializationOptions and in didChangeConfiguration. */
-export function resolveServerSettings(get: SettingGetter, vars: PathVariables = {}): ResolvedSettings {
+/**
+ * The `dice` object sent as initializationOptions and in didChangeConfiguration. `workspaceTrusted`: VS Code's
+ * own workspace trust (`vscode.workspace.isTrusted`), which then decides `trustedWorkspace` (the setting is
+ * for editors without workspace trust); undefined: the setting decides.
+ */
+export function resolveServerSettings(
+    get: SettingGetter,
+    vars: PathVariables = {},
+    workspaceTrusted?: boolean,
+): ResolvedSettings {
     const settings: Record<string, unknown> = { ...DEFAULT_SERVER_SETTINGS };
     const problems: string[] = [];
     for (const key of SERVER_SETTING_KEYS) {
@@ -96,6 +105,9 @@ export function resolveServerSettings(get: SettingGetter, vars: PathVariables = 
     settings.modelPath = expandPath((settings.modelPath as string).trim(), vars);
     settings.compileCommands = expandPath((settings.compileCommands as string).trim(), vars);
     settings.includePaths = (settings.includePaths as string[]).map((p) => expandPath(p, vars));
+    if (workspaceTrusted !== undefined) {
+        settings.trustedWorkspace = workspaceTrusted;
+    }
     return { settings: settings as unknown as DiceServerSettings, problems };
 }
 

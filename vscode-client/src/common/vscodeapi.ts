@@ -31,6 +31,15 @@ export function onDidChangeConfiguration(
     return vscode.workspace.onDidChangeConfiguration(listener);
 }
 
+/** VS Code's workspace trust: false in Restricted Mode (nothing from the workspace may be run). */
+export function isWorkspaceTrusted(): boolean {
+    return vscode.workspace.isTrusted;
+}
+
+export function onDidGrantWorkspaceTrust(listener: () => unknown): vscode.Disposable {
+    return vscode.workspace.onDidGrantWorkspaceTrust(listener);
+}
+
 export function onDidOpenTextDocument(listener: (d: vscode.TextDocument) => unknown): vscode.Disposable {
     return vscode.workspace.onDidOpenTextDocument(listener);
 }

@@ -97,6 +97,9 @@ export const stub = {
     documentOpened: new EventEmitter<any>(),
     documentChanged: new EventEmitter<any>(),
     documentClosed: new EventEmitter<any>(),
+    /** `workspace.isTrusted` (VS Code's default for a folder it has not been told to trust: false). */
+    isTrusted: false,
+    trustGranted: new EventEmitter<void>(),
     /** Edits the language client asked VS Code to apply (workspace/applyEdit). */
     appliedEdits: [] as any[],
     shownDocuments: [] as unknown[],
@@ -118,6 +121,8 @@ export const stub = {
         this.documentOpened.dispose();
         this.documentChanged.dispose();
         this.documentClosed.dispose();
+        this.isTrusted = false;
+        this.trustGranted.dispose();
         this.appliedEdits = [];
         this.shownDocuments = [];
     },
@@ -261,6 +266,10 @@ export const workspace = {
     onDidChangeConfiguration: (listener: (e: { affectsConfiguration(section: string): boolean }) => unknown) =>
         stub.configChanged.event(listener),
     onDidOpenTextDocument: (listener: (d: unknown) => unknown) => stub.documentOpened.event(listener),
+    get isTrusted(): boolean {
+        return stub.isTrusted;
+    },
+    onDidGrantWorkspaceTrust: (listener: () => unknown) => stub.trustGranted.event(listener),
     get textDocuments(): unknown[] {
         return stub.textDocuments;
     },

@@ -189,6 +189,28 @@ describe('activation: command wiring and life cycle', () => {
         assert.equal(world.last.options.settings.candidates, 5, 'the new process starts with the current settings');
     });
 
+    it('declares limited support for untrusted workspaces', () => {
+        const untrusted = packageJson.capabilities?.untrustedWorkspaces;
+        assert.equal(untrusted?.supported, 'limited');
+        assert.match(untrusted.description, /not trusted/);
+        assert.ok(untrusted.restrictedConfigurations.includes('dice.server.command'));
+    });
+
+    it("sends VS Code's workspace trust, not the setting, and again once trust is granted", async () => {
+        stub.textDocuments = [CU];
+        stub.setSetting('dice.trustedWorkspace', true); // a workspace may not declare itself trusted
+        activate();
+        await settle();
+        assert.equal(world.last.options.settings.trustedWorkspace, false, 'Restricted Mode: compile-only');
+
+        stub.isTrusted = true;
+        stub.trustGranted.fire();
+        await settle();
+        assert.equal(world.last.pushed.length, 1);
+        assert.equal(world.last.pushed[0].trustedWorkspace, true);
+        assert.equal(world.handles.length, 1, 'no restart: the running server is told');
+    });
+
     it('toggles automatic suggestions where the effective value lives', async () => {
         stub.textDocuments = [CU];
         activate();

@@ -31,6 +31,7 @@ describe('settings: dice.* -> the server settings object', () => {
             includePaths: [],
             defines: [],
             showFailingSuggestions: true,
+            trustedWorkspace: false,
         });
         assert.deepEqual(problems, []);
     });
@@ -57,6 +58,12 @@ describe('settings: dice.* -> the server settings object', () => {
         assert.equal(settings.automaticTrigger, true);
         assert.equal(problems.length, 5);
         assert.match(problems.join('\n'), /dice\.policy = "greedy" is not static \| dynamic \| entropy; using "dynamic"/);
+    });
+
+    it("lets VS Code's workspace trust decide trustedWorkspace; the setting only without it", () => {
+        assert.equal(resolveServerSettings(getter({ trustedWorkspace: true })).settings.trustedWorkspace, true);
+        assert.equal(resolveServerSettings(getter({ trustedWorkspace: true }), {}, false).settings.trustedWorkspace, false);
+        assert.equal(resolveServerSettings(getter({}), {}, true).settings.trustedWorkspace, true);
     });
 
     it('expands ~ and ${workspaceFolder} in the model path', () => {
