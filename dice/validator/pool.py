@@ -10,7 +10,8 @@ A ``.cu`` task's compilers have editor-sized deadlines of their own, enforced in
 (:mod:`dice.validator.limits`: NVRTC and nvcc run in killable children under a memory cap), so a macro bomb
 costs its deadline, not the worker. Workers die with their owner (``PR_SET_PDEATHSIG``, and a watchdog on
 the result pipe: :mod:`dice.validator.lifeline`); a worker folder records its owner, and folders of owners
-that no longer run are removed when the next pool starts.
+that no longer run are removed when the next pool starts. Workers are sandboxed (:mod:`.sandbox`): verdict
+logs end with the ``isolation:`` in force.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import shutil
 import signal
 import site
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -47,6 +47,7 @@ from dice.validator.lifeline import (
 from dice.validator.limits import NVCC_TIMEOUT_S, NVRTC_TIMEOUT_S
 from dice.validator.paths import cache_dir, source_hash
 from dice.validator.reference import check_reference
+from dice.validator.sandbox import choose, describe, sandboxed, sandboxed_pid
 from dice.validator.spec_files import dependency_stamps, stamps_current
 from dice.validator.spec_origin import SpecOrigin, fill_changes_spec, marker_change
 from dice.validator.verdict import Verdict, error_verdict
@@ -88,12 +89,12 @@ class _WorkerGone(Exception):
 class _Worker:
     """One worker subprocess: JSON tasks on stdin, JSON events on a private pipe, output to a log file."""
 
-    def __init__(self, *, gpu_index: int | None, cache: Path, max_jobs: int) -> None:
+    def __init__(self, *, gpu_index: int | None, cache: Path, max_jobs: int, isolation: str = "none") -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix=WORKER_PREFIX))
         write_owner(self.workdir)
         (self.workdir / "tmp").mkdir()
         self.log_path = self.workdir / "worker.log"
-        self.tasks_done = 0
+        self.tasks_done, self.kind = 0, isolation
         env = dict(os.environ)
         env.update(
             {
@@ -124,30 +125,35 @@ class _Worker:
         else:
             env["CUDA_VISIBLE_DEVICES"] = ""
         read_fd, write_fd = os.pipe()
+        argv, env, fds, info = sandboxed(  # the env allow-list; bwrap's command line
+            env, isolation=isolation, workdir=self.workdir, cache=cache, result_fd=write_fd
+        )
         self._log_file = self.log_path.open("ab")
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "dice.validator.worker", str(write_fd)],
+                argv,
                 stdin=subprocess.PIPE,
                 stdout=self._log_file,
                 stderr=subprocess.STDOUT,
                 cwd=self.workdir,
                 env=env,
-                pass_fds=(write_fd,),
+                pass_fds=fds,
                 start_new_session=True,
             )
         finally:
-            os.close(write_fd)
+            list(map(os.close, fds))  # the worker's ends
         self.started = start_time(self.proc.pid)
-        with contextlib.suppress(OSError):
-            write_owner(self.workdir, worker=self.proc.pid)
         self._read_fd = read_fd
         self._buffer = b""
         self.info = self.recv(STARTUP_TIMEOUT_S)
+        self.pid = sandboxed_pid(info) or self.proc.pid  # under bwrap, self.proc is bwrap (kill: the sandbox)
+        with contextlib.suppress(OSError):
+            write_owner(self.workdir, worker=self.pid)
         if self.info is None or self.info.get("event") != "ready":
             detail = (self.info or {}).get("message") or self.log_tail()
             self.kill()
             raise _WorkerGone(f"validator worker failed to start: {detail}")
+        self.isolation = str(self.info.get("isolation") or describe(isolation))
 
     def send(self, obj: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
@@ -186,6 +192,8 @@ class _Worker:
             code = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             return "worker stopped answering"
+        if code > 128 and self.kind == "bwrap":  # bwrap's init exits 128 + the signal that killed the worker
+            code = 128 - code
         if code < 0:
             try:
                 return f"worker killed by {signal.Signals(-code).name}"
@@ -242,7 +250,8 @@ class ValidatorPool:
     space (None: :func:`dice.validator.limits.compile_memory_bytes`); the task's whole build phase then
     gets their sum plus :data:`CU_BUILD_MARGIN_S`, at most ``build_timeout_s``.
     Identical requests are answered from an in-memory verdict cache. ``prewarm`` workers are started at
-    once in the background instead of on first use.
+    once in the background. ``sandbox``: auto | required | off | bwrap | fallback (None: ``$DICE_SANDBOX``;
+    :mod:`dice.validator.sandbox`); ``SandboxUnavailable`` when unmet, before any worker starts.
     """
 
     def __init__(
@@ -258,7 +267,10 @@ class ValidatorPool:
         nvrtc_timeout_s: float = NVRTC_TIMEOUT_S,
         nvcc_timeout_s: float = NVCC_TIMEOUT_S,
         compile_memory_mb: int | None = None,
+        sandbox: str | None = None,
     ) -> None:
+        self.sandbox = choose(sandbox)  # bwrap | fallback | none; raises before anything starts
+        self.isolation = describe(self.sandbox)  # then what the last worker reported
         self.gpu = gpu_available() if gpu is None else bool(gpu) and gpu_available()
         cpus = os.cpu_count() or 2
         n_gpus = max(1, _gpu_count()) if self.gpu else 0
@@ -329,6 +341,7 @@ class ValidatorPool:
         folder: str | os.PathLike[str] | None = None,
         build: BuildOptions | None = None,
         spec_origin: SpecOrigin | None = None,
+        not_run: str | None = None,
     ) -> concurrent.futures.Future[Verdict]:
         """Compile a ``.cu`` file (NVRTC on its device code, nvcc on the whole file with its project's
         flags); with a dice-spec, a GPU and ``run``, also run and time it.
@@ -345,6 +358,9 @@ class ValidatorPool:
         splice (:func:`dice.validator.spec_origin.spec_origin`). It is the spec run, and a text that shows
         another (a fill with its own ``dice-spec``, one that comments out or ``#if 0``-s the user's) is
         ``rejected`` (``fill_changes_spec``) before anything is compiled; an added marker already here.
+
+        ``not_run``: why the file's code must not be run (an untrusted workspace): compile-only, whatever
+        ``run`` says, and the verdict gives this reason (flag ``workspace_not_trusted``).
         """
         if spec_origin is not None:
             added = marker_change(spec_origin, text)
@@ -355,7 +371,8 @@ class ValidatorPool:
         payload = {
             "kind": "cu",
             "text": text,
-            "run": bool(run),
+            "run": bool(run) and not not_run,
+            "not_run": not_run or None,
             "filename": Path(filename).name,
             "folder": None if folder is None else os.path.abspath(os.fspath(folder)),
             "build": None if build is None else build.to_json(),
@@ -367,9 +384,16 @@ class ValidatorPool:
         return self._submit(payload, key_extra=[stamps, databases])
 
     def submit_kernelbench(
-        self, ref_src: str, cand_src: str, *, strict: bool = False, timing: bool = True
+        self,
+        ref_src: str,
+        cand_src: str,
+        *,
+        strict: bool = False,
+        timing: bool = True,
+        not_run: str | None = None,
     ) -> concurrent.futures.Future[Verdict]:
-        """Validate a ``ModelNew`` candidate against a KernelBench reference.
+        """Validate a ``ModelNew`` candidate against a KernelBench reference. ``not_run``: why neither may be
+        run (an untrusted workspace): only the static checks of a machine without a GPU, with this reason.
 
         Raises ``InvalidReference`` (a ``ValueError``) at once if the reference is not a KernelBench problem.
         """
@@ -381,6 +405,7 @@ class ValidatorPool:
                 "cand_src": cand_src,
                 "strict": bool(strict),
                 "timing": bool(timing),
+                "not_run": not_run or None,
             }
         )
 
@@ -498,6 +523,7 @@ class ValidatorPool:
                 verdict = error_verdict(
                     "runtime_error", f"validator internal error: {exc}", traceback.format_exc()
                 )
+            verdict.log = f"{verdict.log}\nisolation: {self.isolation}".lstrip("\n")
             if (
                 task.cache_key is not None
                 and self._verdicts is not None
@@ -516,8 +542,10 @@ class ValidatorPool:
             return worker
         if worker is not None:
             worker.kill()
-        worker = _Worker(gpu_index=self._gpu_indices[slot], cache=self.cache_dir, max_jobs=self._max_jobs)
+        gpu, sandbox = self._gpu_indices[slot], self.sandbox
+        worker = _Worker(gpu_index=gpu, cache=self.cache_dir, max_jobs=self._max_jobs, isolation=sandbox)
         self._live[slot] = worker
+        self.isolation = worker.isolation
         return worker
 
     def _retire(self, slot: int) -> None:
@@ -540,7 +568,7 @@ class ValidatorPool:
         limits = {"build": build, "wait_gpu": None, "run": self.timeout_s}
         started = time.monotonic()
         try:
-            worker.send({**payload, "id": task_id})
+            worker.send({**payload, "id": task_id, "worker_pid": worker.pid})
             while True:
                 limit = limits.get(phase, self.timeout_s)
                 remaining = None if limit is None else max(0.0, limit - (time.monotonic() - started))

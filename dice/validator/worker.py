@@ -15,6 +15,10 @@ A worker dies with its owner, even while blocked in a task (a compile, the GPU l
 must be, in case it went before the request was made) and a watchdog thread on RESULT_FD, whose read end
 only the owner holds: when it closes, the worker kills its session (its compilers too) and exits
 (:mod:`dice.validator.lifeline`).
+
+Before anything else it confines itself as the pool started it (:func:`dice.validator.sandbox.confine_self`:
+rlimits; Landlock in the fallback) and says which isolation is in force in its ``ready`` event
+(``"isolation"``); a fallback it cannot apply is a ``fatal`` event, and the pool gives up on the slot.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 from dice.validator.context import GpuBusy, WorkerContext
 from dice.validator.lifeline import die_with_parent, watch_owner
 from dice.validator.limits import NVRTC
+from dice.validator.sandbox import confine_self
 from dice.validator.spec_files import dependency_file_stamps
 from dice.validator.verdict import Verdict, error_verdict
 
@@ -71,8 +76,12 @@ def _probe(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, bool]:
         raise RuntimeError("probe failure")
     elif action == "write_cwd":
         Path("probe.txt").write_text("x")
+    elif action == "exec":  # tests of the sandbox: what candidate code can do here
+        scope: dict[str, Any] = {}
+        exec(str(task.get("code", "")), scope)  # noqa: S102 - test-provided code, like any candidate's
+        return Verdict("compiled", True, message=json.dumps(scope.get("result"))), False
     info = {
-        "pid": os.getpid(),
+        "pid": task.get("worker_pid") or os.getpid(),  # under bwrap, the pid outside its pid namespace
         "cwd": str(Path.cwd()),
         "gpu": ctx.gpu,
         "home": os.environ.get("HOME"),
@@ -105,14 +114,23 @@ def main(argv: list[str] | None = None) -> int:
     out = os.fdopen(int(argv[0]), "w", buffering=1)
     faulthandler.enable(all_threads=True)
     try:
+        isolation = confine_self()  # before any task (and before torch, CUDA, NVRTC start)
         ctx = WorkerContext(out)
     except Exception as exc:  # noqa: BLE001 - reported to the pool, which gives up on this slot
         out.write(json.dumps({"event": "fatal", "message": f"{type(exc).__name__}: {exc}"}) + "\n")
         out.flush()
         return 1
     ctx.send(
-        {"event": "ready", "pid": os.getpid(), "gpu": ctx.gpu, "device": ctx.device_name, "arch": ctx.arch}
+        {
+            "event": "ready",
+            "pid": os.getpid(),
+            "gpu": ctx.gpu,
+            "device": ctx.device_name,
+            "arch": ctx.arch,
+            "isolation": isolation,
+        }
     )
+    print(f"dice worker: isolation: {isolation}", flush=True)  # the worker log
     with contextlib.suppress(OSError):
         NVRTC.start()  # loads NVRTC in its own process while this one waits for the first task
     for line in sys.stdin:

@@ -41,7 +41,7 @@ OWNER = textwrap.dedent(
     while pool._live[0] is None:
         time.sleep(0.05)
     worker = pool._live[0]
-    print(json.dumps({"pid": worker.proc.pid, "folder": str(worker.workdir)}), flush=True)
+    print(json.dumps({"pid": worker.pid, "folder": str(worker.workdir)}), flush=True)
     time.sleep(3600)
     """
 )

@@ -173,7 +173,7 @@ def test_prewarm_starts_workers_before_any_task(tmp_path: Path, monkeypatch: pyt
         deadline = time.monotonic() + 60
         while any(w is None for w in pool._live) and time.monotonic() < deadline:
             time.sleep(0.05)
-        pids = {w.proc.pid for w in pool._live if w is not None}
+        pids = {w.pid for w in pool._live if w is not None}
         assert len(pids) == 2
         first = json.loads(probe(pool, action="ok").message)
         assert first["pid"] in pids
