@@ -7,8 +7,9 @@ Why our own reader: pygls 2.1.1 reads messages in ``pygls.io_.run_async``, a mod
 match (``content-length``, ``Content-Length:10``, ``-5``) leaves it waiting for a length that never comes,
 and a length that is off glues every later header to leftover bytes: the server is alive but deaf. A huge
 length is passed to ``read(n)`` as is (``99999999999999``: MemoryError; ``4e9``: it waits for 4 GB). None of
-this can be configured, so ``dice-lsp`` starts its stdio and TCP transports here (``serve_stdio``,
-``serve_tcp``, called by ``DiceLanguageServer.start_io``/``start_tcp``) and hands each decoded message to
+this can be configured, so ``dice-lsp`` reads every transport with this module (stdio: ``serve_stdio``,
+called by ``DiceLanguageServer.start_io``; TCP and Unix sockets: :mod:`lsp_server.auth`, which adds the
+token handshake) and hands each decoded message to
 pygls's protocol exactly as ``run_async`` does (``structure_message``, then ``handle_message``).
 
 What :class:`MessageFramer` accepts and how it recovers:
@@ -327,36 +328,5 @@ def serve_stdio(
         logger.error("Connection to the client is lost! Shutting down the server.")
     except (KeyboardInterrupt, SystemExit):
         pass
-    finally:
-        server.shutdown()
-
-
-def serve_tcp(
-    server: JsonRPCServer, host: str, port: int, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-) -> None:
-    """pygls's ``JsonRPCServer.start_tcp`` with this module's reader: one client, then the server ends."""
-
-    async def main() -> None:
-        done = asyncio.Event()
-
-        async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            server.protocol.set_writer(writer)  # type: ignore[arg-type]
-            try:
-                await read_messages(
-                    lambda: reader.read(READ_CHUNK), server.protocol, max_message_bytes=max_message_bytes
-                )
-            finally:
-                done.set()
-
-        tcp = await asyncio.start_server(connection, host, port)
-        addresses = ", ".join(str(sock.getsockname()) for sock in tcp.sockets)
-        serving_logger.info("Serving on %s", addresses)
-        async with tcp:
-            await done.wait()
-
-    try:
-        asyncio.run(main())
-    except asyncio.CancelledError:
-        logger.debug("Server was cancelled")
     finally:
         server.shutdown()

@@ -13,7 +13,7 @@ import ast
 import re
 from dataclasses import dataclass, field
 
-from dice.validator.guards_flow import flow_guards
+from dice.validator.guards_flow import dotted_name, flow_guards
 from dice.validator.reference import top_level_names
 
 PATCHABLE_MODULES = frozenset(
@@ -226,16 +226,6 @@ def _root_name(node: ast.AST) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
-def _dotted(node: ast.AST) -> str:
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-    return ".".join(reversed(parts))
-
-
 def _imported_module_names(tree: ast.Module) -> dict[str, str]:
     """Local name -> top-level module (``import torch.nn as nn``: nn -> torch; ``from torch import cuda``)."""
     names: dict[str, str] = {}
@@ -319,7 +309,7 @@ def _thread_or_stream(node: ast.AST, modules: dict[str, str]) -> GuardHit | None
                     node.lineno,
                 )
     if isinstance(node, ast.Attribute) and node.attr in SIDE_STREAM_ATTRS:
-        dotted = _dotted(node)
+        dotted = dotted_name(node)
         if "cuda" in dotted.split(".") and modules.get(dotted.split(".")[0]) == "torch":
             return GuardHit(
                 "side_stream", f"uses {dotted}: work must run on the current CUDA stream", node.lineno
@@ -339,23 +329,23 @@ def _monkey_patch(node: ast.AST, modules: dict[str, str]) -> GuardHit | None:
         root = _root_name(node.args[0])
         if root and modules.get(root) in PATCHABLE_MODULES:
             return GuardHit(
-                "monkey_patch", f"{_call_name(node)}() on {_dotted(node.args[0]) or root}", node.lineno
+                "monkey_patch", f"{_call_name(node)}() on {dotted_name(node.args[0]) or root}", node.lineno
             )
     for target in targets:
         if isinstance(target, (ast.Attribute, ast.Subscript)):
             root = _root_name(target)
             if root and modules.get(root) in PATCHABLE_MODULES:
-                return GuardHit(
-                    "monkey_patch", f"assigns to {_dotted(target) or root} (patches a library)", node.lineno
-                )
+                what = dotted_name(target) or root
+                return GuardHit("monkey_patch", f"assigns to {what} (patches a library)", node.lineno)
     return None
 
 
 def _fake_tensor(node: ast.AST) -> GuardHit | None:
     if isinstance(node, ast.ClassDef):
         for base in node.bases:
-            if _dotted(base).endswith("Tensor"):
-                return GuardHit("fake_tensor", f"class {node.name} subclasses {_dotted(base)}", node.lineno)
+            if dotted_name(base).endswith("Tensor"):
+                what = f"class {node.name} subclasses {dotted_name(base)}"
+                return GuardHit("fake_tensor", what, node.lineno)
     if isinstance(node, ast.ImportFrom):
         module = node.module or ""
         names = [a.name for a in node.names]

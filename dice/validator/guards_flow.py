@@ -240,7 +240,7 @@ class FnFlow:
             for arg in args:  # out, (out.data_ptr(), n), [self.buf] ...
                 for node in ast.walk(arg):
                     if isinstance(node, ast.Name) or (
-                        isinstance(node, ast.Attribute) and _dotted(node.value) == self.self_name
+                        isinstance(node, ast.Attribute) and dotted_name(node.value) == self.self_name
                     ):
                         self.bind(node, written)
 
@@ -353,9 +353,9 @@ def _dynamic_code(tree: ast.Module, flow: ModuleFlow) -> list[Hit]:
                 if mod.split(".")[0] in DYNAMIC_MODULES or (mod == "operator" and set(names) & DYNAMIC_ATTRS):
                     hits.append(("dynamic_code", f"imports {mod}: loads code or names at run time", line))
         elif isinstance(node, ast.Attribute) and node.attr in DYNAMIC_ATTRS:
-            module = flow.imports.get(_dotted(node.value).split(".")[0], "").split(".")[0]
+            module = flow.imports.get(dotted_name(node.value).split(".")[0], "").split(".")[0]
             if node.attr.startswith("__") or module == {"modules": "sys"}.get(node.attr, "operator"):
-                hits.append(("dynamic_code", f"uses {_dotted(node)}: a name looked up at run time", line))
+                hits.append(("dynamic_code", f"uses {dotted_name(node)}: a name looked up at run time", line))
     return hits
 
 
@@ -379,12 +379,12 @@ def _suppressed(tree: ast.Module, flow: ModuleFlow, is_setup: Callable[[ast.stmt
                 expr = item.context_expr
                 if setup:
                     allowed.add(id(expr))
-                elif _dotted(expr.func if isinstance(expr, ast.Call) else expr) in swallowing:
+                elif dotted_name(expr.func if isinstance(expr, ast.Call) else expr) in swallowing:
                     msg = "swallows exceptions around the computation (a fallback path)"
-                    hits.append(("torch_fallback", f"`with {_dotted(expr)}`: {msg}", node.lineno))
+                    hits.append(("torch_fallback", f"`with {dotted_name(expr)}`: {msg}", node.lineno))
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and id(node) not in allowed:
-            dotted = _dotted(node.func)
+            dotted = dotted_name(node.func)
             resolved = f"{flow.imports.get(dotted.split('.')[0], '')}.{dotted}".split(".")
             if "suppress" in resolved and "contextlib" in resolved:
                 msg = f"{dotted}(...) swallows exceptions around the computation (a fallback path)"
@@ -463,7 +463,7 @@ def _call_name(call: ast.Call) -> str | None:
     return func.id if isinstance(func, ast.Name) else None
 
 
-def _dotted(node: ast.AST) -> str:
+def dotted_name(node: ast.AST) -> str:
     parts: list[str] = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import socket
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -304,3 +307,37 @@ def model_options(model: Path, **overrides: Any) -> dict[str, Any]:
     }
     options.update(overrides)
     return options
+
+
+# ------------------------------------------------------------------------------------------ socket servers
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.asynccontextmanager
+async def serving(*args: str, env: dict[str, str] | None = None) -> AsyncIterator[Any]:
+    """A ``dice-lsp`` subprocess started with ``args``, once it logged "Serving on"."""
+    environ = {k: v for k, v in os.environ.items() if k != "DICE_LSP_TOKEN"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "lsp_server",
+        *args,
+        env={**environ, **(env or {})},
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stderr is not None
+        lines = []
+        while not lines or b"Serving on" not in lines[-1]:
+            line = await asyncio.wait_for(proc.stderr.readline(), WAIT_S)
+            assert line, b"".join(lines).decode()
+            lines.append(line)
+        proc.startup_log = b"".join(lines).decode()  # type: ignore[attr-defined]
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

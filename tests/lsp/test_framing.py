@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 import time
 from typing import Any
 
@@ -15,7 +14,7 @@ import pytest
 
 from lsp_server.framing import Dropped, Message, MessageFramer, ParseError, max_message_bytes_from_env
 
-from .conftest import SERVER_COMMAND, WAIT_S, RawServer
+from .conftest import SERVER_COMMAND, WAIT_S, RawServer, free_port, serving
 
 
 def body_of(message: dict[str, Any]) -> bytes:
@@ -181,23 +180,8 @@ async def test_the_message_size_limit_is_configurable() -> None:
 
 
 async def test_tcp_reads_with_the_same_framing(tmp_path) -> None:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "lsp_server",
-        "--tcp",
-        f"127.0.0.1:{port}",
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "DICE_LSP_TOKEN": "tcp-test-token"},  # lsp_server.auth: TCP needs the token
-    )
-    try:
-        while b"Serving on" not in await asyncio.wait_for(proc.stderr.readline(), WAIT_S):
-            pass
+    port = free_port()
+    async with serving("--tcp", f"127.0.0.1:{port}", env={"DICE_LSP_TOKEN": "tcp-test-token"}) as proc:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         client = Client.__new__(Client)
         client.proc = type("Pipe", (), {"stdin": writer, "stdout": reader})()
@@ -212,9 +196,6 @@ async def test_tcp_reads_with_the_same_framing(tmp_path) -> None:
         await client.response(4)
         client.send({"jsonrpc": "2.0", "method": "exit"})
         assert await asyncio.wait_for(proc.wait(), WAIT_S) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
 
 
 # ---------------------------------------------------------------------------------------------- the framer

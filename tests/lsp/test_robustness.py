@@ -5,7 +5,6 @@ edits a document on its own."""
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from pathlib import Path
 
@@ -18,9 +17,11 @@ from .conftest import (
     TWO_MASKS,
     WAIT_S,
     RawServer,
+    free_port,
     init_params,
     open_document,
     server_config,
+    serving,
     wait_diagnostics,
     wait_status,
 )
@@ -185,24 +186,8 @@ async def test_entry_point_options() -> None:
 
 
 async def test_tcp_transport(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "lsp_server",
-        "--tcp",
-        f"127.0.0.1:{port}",
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "DICE_LSP_TOKEN": "tcp-test-token"},  # lsp_server.auth: TCP needs the token
-    )
-    try:
-        # wait for the server's own "Serving on" log line, then connect
-        while b"Serving on" not in await asyncio.wait_for(proc.stderr.readline(), WAIT_S):
-            pass
+    port = free_port()
+    async with serving("--tcp", f"127.0.0.1:{port}", env={"DICE_LSP_TOKEN": "tcp-test-token"}) as proc:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         server = RawServer.__new__(RawServer)
         server.proc = type("Pipe", (), {"stdin": writer, "stdout": reader})()
@@ -212,6 +197,3 @@ async def test_tcp_transport(tmp_path: Path) -> None:
         assert (await server.response(1))["result"] is None
         server.send({"jsonrpc": "2.0", "method": "exit"})
         assert await asyncio.wait_for(proc.wait(), WAIT_S) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import socket
 import stat
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,42 +13,9 @@ import pytest
 
 from lsp_server.auth import AuthSetupError, authenticates, load_token, read_token_file
 
-from .conftest import WAIT_S, RawServer
+from .conftest import WAIT_S, RawServer, free_port, serving
 
 TOKEN = "s3cret-token-for-the-tests-0123456789"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@contextlib.asynccontextmanager
-async def serving(*args: str, env: dict[str, str] | None = None) -> AsyncIterator[Any]:
-    """A ``dice-lsp`` subprocess started with ``args``, once it logged "Serving on"."""
-    environ = {k: v for k, v in os.environ.items() if k != "DICE_LSP_TOKEN"}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "lsp_server",
-        *args,
-        env={**environ, **(env or {})},
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        assert proc.stderr is not None
-        lines = []
-        while not lines or b"Serving on" not in lines[-1]:
-            line = await asyncio.wait_for(proc.stderr.readline(), WAIT_S)
-            assert line, b"".join(lines).decode()
-            lines.append(line)
-        proc.startup_log = b"".join(lines).decode()  # type: ignore[attr-defined]
-        yield proc
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
 
 
 def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> RawServer:
@@ -77,7 +41,7 @@ async def assert_closed_unanswered(reader: asyncio.StreamReader) -> None:
 
 @pytest.mark.parametrize("token", [None, "wrong-token", ""])
 async def test_tcp_client_without_the_right_token_is_disconnected(tmp_path: Path, token: str | None) -> None:
-    port = _free_port()
+    port = free_port()
     async with serving("--tcp", f"127.0.0.1:{port}", env={"DICE_LSP_TOKEN": TOKEN}) as proc:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         intruder = client(reader, writer)
@@ -104,7 +68,7 @@ async def test_tcp_client_without_the_right_token_is_disconnected(tmp_path: Path
 
 
 async def test_tcp_first_message_must_be_initialize(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     async with serving("--tcp", f"127.0.0.1:{port}", env={"DICE_LSP_TOKEN": TOKEN}):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         # a request carrying the token, but not initialize: still refused, never answered
@@ -115,7 +79,7 @@ async def test_tcp_first_message_must_be_initialize(tmp_path: Path) -> None:
 
 
 async def test_tcp_client_with_the_token_works_and_a_second_one_is_refused(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     async with serving("--tcp", f"localhost:{port}", env={"DICE_LSP_TOKEN": TOKEN}) as proc:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         user = client(reader, writer)
@@ -129,7 +93,7 @@ async def test_tcp_client_with_the_token_works_and_a_second_one_is_refused(tmp_p
 
 
 async def test_tcp_generated_token_file(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     runtime = tmp_path / "run"
     runtime.mkdir(mode=0o700)
     env = {"XDG_RUNTIME_DIR": str(runtime)}
