@@ -25,7 +25,9 @@ needed on current distributions), a single binary with no daemon, and it keeps i
   kills everything inside. ``--new-session``: a session of its own (no ``TIOCSTI`` into the terminal).
 - ``--ro-bind / /``: the whole system, the Python environment and the user's files, read-only.
 - ``--dev /dev`` (a minimal ``/dev``), ``--dev-bind`` of each existing ``/dev/nvidia*`` node (CUDA),
-  ``--tmpfs /dev/shm`` (a private one), ``--proc /proc`` (the namespace's own).
+  ``--tmpfs /dev/shm`` (a private one), ``--proc /proc`` (the namespace's own). On a machine with GPU
+  nodes the probe also starts CUDA (``cuInit``) inside: where that fails, the workers use the fallback
+  (and the ``isolation:`` line says so) rather than bwrap workers that cannot reach the GPU.
 - ``--bind`` (writable) only the worker's folder (cwd, HOME, and ``TMPDIR=<folder>/tmp``) and the build
   cache folders it writes (:func:`writable_paths`: ``DICE_WORKER_CACHE`` -- torch extensions, CuPy, nvcc,
   GPU locks --, ``DICE_PCH_DIR``, ``CCACHE_DIR`` when set). ``/tmp`` stays read-only rather than a
@@ -178,7 +180,25 @@ def bwrap_status() -> tuple[str | None, str]:
         return None, f"bwrap probe failed: {exc}"
     if done.returncode != 0:
         return None, f"bwrap cannot run here: {(done.stderr or '').strip()[:300] or done.returncode}"
+    if glob.glob("/dev/nvidia*"):  # a GPU machine: CUDA itself must start inside, else no bwrap
+        try:
+            cuda = subprocess.run(
+                [path, *_bwrap_flags(), "--", *CUDA_PROBE], capture_output=True, text=True, timeout=60
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return None, f"CUDA probe inside bwrap failed: {exc}"
+        if cuda.returncode != 0:
+            why = (cuda.stderr or cuda.stdout or "").strip()[-300:] or f"cuInit gave {cuda.returncode}"
+            return None, f"CUDA does not start inside bwrap: {why}"
     return path, "ok"
+
+
+# cuInit(0) through the driver library, in a fresh interpreter: 0 when CUDA starts (no torch import: fast)
+CUDA_PROBE = [
+    sys.executable,
+    "-c",
+    "import ctypes, sys; sys.exit(min(ctypes.CDLL('libcuda.so.1').cuInit(0), 125))",
+]
 
 
 def available() -> str:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -213,3 +215,23 @@ def test_dice_doctor_reports_isolation_and_fails_only_when_required_is_unmet(
     monkeypatch.setenv("DICE_SANDBOX", "required")
     assert main(["doctor"]) == 1
     assert "isolation: none" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap is not installed")
+def test_on_a_gpu_machine_bwrap_is_used_only_when_cuda_starts_inside(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With GPU nodes present, the probe starts CUDA inside bwrap: where it cannot (here: no driver), the
+    pool falls back to Landlock instead of giving every GPU task a broken worker."""
+    real_glob = sandbox_mod.glob.glob
+    monkeypatch.setattr(
+        sandbox_mod.glob, "glob", lambda pattern: ["/dev/null"] if "nvidia" in pattern else real_glob(pattern)
+    )
+    sandbox_mod.bwrap_status.cache_clear()
+    try:
+        path, why = sandbox_mod.bwrap_status()
+        assert path is None and why.startswith("CUDA does not start inside bwrap"), why
+        assert sandbox_mod.available() in ("fallback", "none")
+        sandbox_mod.bwrap_status.cache_clear()
+        monkeypatch.setattr(sandbox_mod, "CUDA_PROBE", [sys.executable, "-c", "pass"])
+        assert sandbox_mod.bwrap_status() == (shutil.which("bwrap"), "ok")
+    finally:
+        sandbox_mod.bwrap_status.cache_clear()
