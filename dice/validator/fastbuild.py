@@ -61,6 +61,7 @@ from typing import Any
 from dice.validator.buildtext import (
     lean_cpp_text,
     lean_cuda_text,
+    lean_enabled,
     lean_include_dir,
     needs_full_headers,
     slim_cuda_text,
@@ -372,8 +373,7 @@ def _job(
         commands: list[tuple[str, str]] = []
         slim = slim_cuda_text(text)
         shorter = [("lean", lean_cuda_text(text, src)), ("slim", slim and f'#line 1 "{src}"\n{slim}')]
-        lean_off = os.environ.get("DICE_LEAN", "1").strip() in ("0", "false", "no")
-        for label, body in [] if info.get("no_slim") else shorter[lean_off:]:
+        for label, body in [] if info.get("no_slim") else shorter[0 if lean_enabled() else 1 :]:
             if body is None:
                 continue
             path = build_dir / f"cuda.{label}.cu"
@@ -404,7 +404,7 @@ def _job(
     def with_pch() -> list[tuple[str, Any]]:
         umbrella = [("pch", lambda: from_pch("torch/extension.h", "pch") or full)]
         body = lean_cpp_text(rest)
-        if body is not None and os.environ.get("DICE_LEAN", "1") != "0":
+        if body is not None and lean_enabled():
             lean = from_pch("torch/python.h", "lean-pch", body)
             if lean is not None:
                 return [("lean-pch", lean), *umbrella]
