@@ -78,9 +78,9 @@ def driver(spec_file: Path) -> int:
 
     cache, work = Path(spec["cache"]), Path(spec["work"])
     work.mkdir(parents=True, exist_ok=True)
-    items = [tuple(x) for x in spec["items"]]
+    chunks = [[tuple(x) for x in c] for c in spec["chunks"]]
+    items = [x for c in chunks for x in c]
     base = {"mode": spec["mode"], "parallel": spec["parallel"], "run": spec["run"], "pid": os.getpid()}
-    chunks = [[tuple(x) for x in c] for c in spec.get("chunks") or [items]]
     if spec["mode"] == "batched":  # one prebuild per chunk, in turn, each chunk's candidates served after it
         for chunk in chunks:
             serve_batch(spec, base, cache, work, chunk)
@@ -167,8 +167,8 @@ def emit(spec: dict[str, Any], line: dict[str, Any]) -> None:
 def run_mode(
     mode: str, parallel: int, items: list[tuple[str, str]], cache: Path, ctx: dict[str, Any]
 ) -> dict:
-    """P driver processes on ``items`` (batched: contiguous chunks, one prebuild each; else round-robin);
-    the summary of their lines."""
+    """P driver processes on ``items`` (batched: P // batch lanes, each prebuilding its chunks in turn; else
+    round-robin); the summary of their lines."""
     run = f"{mode}{parallel}_{int(time.time() * 1000) % 10**8}"
     if mode == "batched":  # P candidates in flight: P // batch prebuild processes, each taking chunks in turn
         size = min(ctx["batch_size"], parallel)
@@ -183,7 +183,6 @@ def run_mode(
             "mode": "fast" if mode == "warm" else mode,
             "parallel": parallel,
             "run": run,
-            "items": [x for c in lane for x in c],
             "chunks": lane,
             "cache": str(cache),
             "work": str(ctx["tmp"] / run / str(n)),
