@@ -32,7 +32,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -496,8 +496,3 @@ def dumps_strict(value: Any, **kwargs: Any) -> str:
     """``json.dumps`` of :func:`strict_json` (value), with ``allow_nan=False``: what every client-facing
     JSON of DICE goes through (CLI ``--json``, verdict JSON, eval JSONL and summaries)."""
     return json.dumps(strict_json(value), allow_nan=False, **kwargs)
-
-
-def dump_strict(value: Any, fp: IO[str], **kwargs: Any) -> None:
-    """:func:`dumps_strict` written to ``fp``."""
-    fp.write(dumps_strict(value, **kwargs))

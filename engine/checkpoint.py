@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from engine.config_checks import FLOAT_DTYPE_NAMES
 from engine.errors import CheckpointError
 from engine.model import DiceModel, ModelConfig
 
@@ -35,14 +36,8 @@ TOKENIZER_FILES = (
 # Buffers some exporters write that this model recomputes.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
-# The names of FLOAT_DTYPE_NAMES (engine.config_checks: what config.json's torch_dtype may say).
-_DTYPES = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "half": torch.float16,
-}
+# what config.json's torch_dtype may say (engine.config_checks), as torch dtypes ("half" is float16 ...)
+_DTYPES = {name: getattr(torch, name) for name in FLOAT_DTYPE_NAMES}
 
 
 def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
@@ -131,7 +126,7 @@ _MAX_HEADER = 100 * 1024 * 1024
 
 # The weight dtypes the engine loads (floating point, as it computes); other dtypes are read from headers
 # only to say what they are.
-LOADABLE_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
+LOADABLE_DTYPES = frozenset(_DTYPES.values())
 
 
 class SafetensorsFile:

@@ -365,6 +365,6 @@ async def validate_kernel(
         return {"ok": False, "message": "cancelled"}
     session.record_validation(snap, verdict)
     label = verdict_label(verdict)
-    level = types.MessageType.Info if verdict_json(verdict).get("compiled") else types.MessageType.Warning
+    level = types.MessageType.Info if verdict.compiled else types.MessageType.Warning
     session.show(f"DICE: {name}: {label}", level)
     return {"ok": True, "verdict": verdict_json(verdict), "label": label}

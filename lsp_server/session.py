@@ -486,7 +486,7 @@ class DiceSession:
     def _publish(self, snap: DocumentSnapshot, doc: CudaDocument | None) -> None:
         uri = snap.uri
         state = self.state_of(uri)
-        state.mask_diagnostics = self._mask_diagnostics(state, uri, doc)
+        state.mask_diagnostics = self._mask_diagnostics(uri, doc)
         if doc is not None and self._watcher is not None and snap.path is not None:
             from dice.validator.spec_files import spec_reference_files
 
@@ -500,7 +500,7 @@ class DiceSession:
             )
         )
 
-    def _mask_diagnostics(self, state: DocumentState, uri: str, doc: CudaDocument | None) -> list:
+    def _mask_diagnostics(self, uri: str, doc: CudaDocument | None) -> list:
         if doc is None:
             return []
         limit, found = MAX_MASK_DIAGNOSTICS, len(doc.masks) + len(doc.malformed_masks)

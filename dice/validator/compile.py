@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dice.safeio import format_size
 from dice.validator.diagnostics import (
     FileMapping,
     outside_source_checker,
@@ -23,7 +24,6 @@ from dice.validator.limits import (
     NVRTC_TIMEOUT_S,
     Outcome,
     compile_memory_bytes,
-    describe_bytes,
     run_command,
 )
 from dice.validator.paths import cuda_include_dirs, default_arch, nvcc_path
@@ -174,7 +174,7 @@ def nvrtc_compile(
         stubs.append(missing.group("name"))
     log = log.rstrip("\x00").strip()
     if "out of memory" in log:
-        log += f"\n(NVRTC may use {describe_bytes(memory)} of address space here)"
+        log += f"\n(NVRTC may use {format_size(memory)} of address space here)"
     outside = outside_source_checker(
         [o[2:] for o in opts if o.startswith("-I") and len(o) > 2],
         cwd=os.getcwd(),
@@ -199,7 +199,7 @@ def _nvrtc_failure(
             "expands without end?)"
         )
     else:
-        log = f"NVRTC failed: {outcome.detail} (memory limit {describe_bytes(memory)})"
+        log = f"NVRTC failed: {outcome.detail} (memory limit {format_size(memory)})"
     result = CompileResult(False, log, [], seconds, "nvrtc", f"sm_{arch}")
     result.timed_out = outcome.status == "timeout"
     return result

@@ -13,7 +13,7 @@ import ast
 import re
 from dataclasses import dataclass, field
 
-from dice.validator.guards_flow import dotted_name, flow_guards
+from dice.validator.guards_flow import BUILD_CALLS, call_name, dotted_name, flow_guards
 from dice.validator.reference import top_level_names
 
 PATCHABLE_MODULES = frozenset(
@@ -36,9 +36,6 @@ FAKE_TENSOR_NAMES = frozenset(
         "__torch_dispatch__",
         "LazyTensor",
     }
-)
-BUILD_CALLS = frozenset(
-    {"load_inline", "load", "RawKernel", "RawModule", "ElementwiseKernel", "compile_kernel"}
 )
 
 
@@ -105,10 +102,10 @@ def analyze_candidate(src: str) -> CandidateInfo:
         if (
             isinstance(node, ast.Assign)
             and isinstance(node.value, ast.Call)
-            and _call_name(node.value) == "load_inline"
+            and call_name(node.value) == "load_inline"
         ):
             info.extension_vars += [t.id for t in node.targets if isinstance(t, ast.Name)]
-        if isinstance(node, ast.Call) and _call_name(node) == "load_inline":
+        if isinstance(node, ast.Call) and call_name(node) == "load_inline":
             info.extensions.append(_extension_from_call(node, consts))
     return info
 
@@ -119,7 +116,7 @@ def static_guards(src: str, info: CandidateInfo) -> list[GuardHit]:
     tree = info.tree
     module_names = _imported_module_names(tree)
 
-    builds = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _call_name(n) in BUILD_CALLS]
+    builds = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and call_name(n) in BUILD_CALLS]
     if "__global__" not in src:
         hits.append(
             GuardHit("no_custom_kernel", "the candidate defines no __global__ CUDA kernel (pure PyTorch)")
@@ -184,7 +181,7 @@ def _builder_functions(tree: ast.Module) -> set[str]:
         fn.name
         for fn in ast.walk(tree)
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
-        and any(isinstance(n, ast.Call) and _call_name(n) in BUILD_CALLS for n in ast.walk(fn))
+        and any(isinstance(n, ast.Call) and call_name(n) in BUILD_CALLS for n in ast.walk(fn))
     }
 
 
@@ -207,17 +204,8 @@ def _setup_statement(stmt: ast.stmt, builders: set[str] = frozenset()) -> bool: 
             return not isinstance(stmt, ast.Expr)
         while isinstance(value, ast.Attribute):  # load_inline(...).forward
             value = value.value
-        return isinstance(value, ast.Call) and (_call_name(value) in BUILD_CALLS | builders)
+        return isinstance(value, ast.Call) and (call_name(value) in BUILD_CALLS | builders)
     return False
-
-
-def _call_name(call: ast.Call) -> str | None:
-    func = call.func
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    if isinstance(func, ast.Name):
-        return func.id
-    return None
 
 
 def _root_name(node: ast.AST) -> str | None:
@@ -325,11 +313,11 @@ def _monkey_patch(node: ast.AST, modules: dict[str, str]) -> GuardHit | None:
         targets = [node.target]
     elif isinstance(node, ast.Delete):
         targets = list(node.targets)
-    elif isinstance(node, ast.Call) and _call_name(node) in ("setattr", "delattr") and node.args:
+    elif isinstance(node, ast.Call) and call_name(node) in ("setattr", "delattr") and node.args:
         root = _root_name(node.args[0])
         if root and modules.get(root) in PATCHABLE_MODULES:
             return GuardHit(
-                "monkey_patch", f"{_call_name(node)}() on {dotted_name(node.args[0]) or root}", node.lineno
+                "monkey_patch", f"{call_name(node)}() on {dotted_name(node.args[0]) or root}", node.lineno
             )
     for target in targets:
         if isinstance(target, (ast.Attribute, ast.Subscript)):

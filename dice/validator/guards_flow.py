@@ -83,7 +83,7 @@ class ModuleFlow:
             elif isinstance(node, ast.ImportFrom) and node.module:
                 for alias in node.names:
                     self.imports[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-            elif isinstance(node, ast.Call) and _call_name(node) == "load_inline":
+            elif isinstance(node, ast.Call) and call_name(node) == "load_inline":
                 for kw in node.keywords:
                     if kw.arg == "name" and isinstance(kw.value, ast.Constant):
                         self.ext_names.add(str(kw.value.value))
@@ -183,8 +183,7 @@ class FnFlow:
         self.self_name = fn.args.args[0].arg if fn is not None and cls and fn.args.args else None
 
     def run(self) -> None:
-        if self.fn is None:
-            return
+        assert self.fn is not None  # module-level flows are never run
         args = self.fn.args
         params = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
         for param in params:
@@ -303,7 +302,7 @@ class FnFlow:
 
     def _call(self, node: ast.Call) -> set[str]:
         func = node.func
-        if _call_name(node) in BUILD_CALLS or any(f.startswith("build:") for f in self.flags(func)):
+        if call_name(node) in BUILD_CALLS or any(f.startswith("build:") for f in self.flags(func)):
             return {EXT}
         args = set().union(*(_data(self.flags(a)) for a in [*node.args, *(k.value for k in node.keywords)]))
         if isinstance(func, ast.Name) and func.id == "getattr" and "getattr" not in self.mod.env:
@@ -354,7 +353,7 @@ def _dynamic_code(tree: ast.Module, flow: ModuleFlow) -> list[Hit]:
                     hits.append(("dynamic_code", f"imports {mod}: loads code or names at run time", line))
         elif isinstance(node, ast.Attribute) and node.attr in DYNAMIC_ATTRS:
             module = flow.imports.get(dotted_name(node.value).split(".")[0], "").split(".")[0]
-            if node.attr.startswith("__") or module == {"modules": "sys"}.get(node.attr, "operator"):
+            if node.attr.startswith("__") or module == ("sys" if node.attr == "modules" else "operator"):
                 hits.append(("dynamic_code", f"uses {dotted_name(node)}: a name looked up at run time", line))
     return hits
 
@@ -456,7 +455,7 @@ def _is_false(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and not node.value
 
 
-def _call_name(call: ast.Call) -> str | None:
+def call_name(call: ast.Call) -> str | None:
     func = call.func
     if isinstance(func, ast.Attribute):
         return func.attr

@@ -57,10 +57,6 @@ def compile_memory_bytes() -> int:
     return max(2 * _GIB, min(8 * _GIB, total // 4))
 
 
-def describe_bytes(n: int) -> str:
-    return f"{n / _GIB:.1f} GiB" if n >= _GIB else f"{n >> 20} MiB"
-
-
 @dataclass
 class Outcome:
     """How a limited compile ended: ``ok`` (``value`` is the answer), ``timeout`` (killed at the

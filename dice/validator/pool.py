@@ -523,7 +523,9 @@ class ValidatorPool:
                 verdict = error_verdict(
                     "runtime_error", f"validator internal error: {exc}", traceback.format_exc()
                 )
-            verdict.log = f"{verdict.log}\nisolation: {self.isolation}".lstrip("\n")
+            ran_in = self._live[slot]  # the worker that ran this task (each reports its own isolation)
+            isolation = ran_in.isolation if ran_in is not None else self.isolation
+            verdict.log = f"{verdict.log}\nisolation: {isolation}".lstrip("\n")
             if (
                 task.cache_key is not None
                 and self._verdicts is not None

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dice.safeio import format_size
 from dice.validator.build_flags import BuildFlags
 from dice.validator.compile import CompileResult
 from dice.validator.diagnostics import (
@@ -45,7 +46,6 @@ from dice.validator.limits import (
     MEMORY_ENV,
     NVCC_TIMEOUT_S,
     compile_memory_bytes,
-    describe_bytes,
     run_command,
 )
 from dice.validator.paths import nvcc_path, pip_cuda_include_dir, source_hash, toolkit_include_dir
@@ -220,9 +220,7 @@ def _run(
     log = clean(raw_log)
     if proc.returncode != 0 and "out of memory" in log:
         memory = compile_memory_bytes() if limits.memory_bytes is None else limits.memory_bytes
-        log += (
-            f"\n(each compiler process may use {describe_bytes(memory)} of address space here; {MEMORY_ENV})"
-        )
+        log += f"\n(each compiler process may use {format_size(memory)} of address space here; {MEMORY_ENV})"
     result = CompileResult(proc.returncode == 0, log, diagnostics, seconds, "nvcc", f"sm_{arch}")
     result.deps = _read_deps(tmp / "deps.d", {str(src)})
     if result.ok:

@@ -148,4 +148,3 @@ def test_the_pool_rejects_before_validating(tmp_path: Path, cpu_pool: Any) -> No
     honest = cpu_pool.validate_cu(spliced(user, HONEST), spec_origin=origin)
     assert honest.status != "rejected", honest.to_json()
     assert FLAG_FILL_CHANGES_SPEC not in honest.flags
-    assert not (tmp_path / "model-spec-ran").exists()
