@@ -92,14 +92,26 @@ class _FileLoad(Exception):
 
 
 def run_prebuild(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, bool]:
-    """The ``kb_prebuild`` task: the report as the verdict's message (JSON); the worker restarts when a
-    candidate's import changed what later tasks rely on (patched library functions, threads left)."""
+    """The ``kb_prebuild`` task: the report as the verdict's message (JSON). Discovery imports the
+    candidates, so the whole prebuild runs in a runner of its own (:mod:`dice.validator.runner`), never in
+    this worker; a runner that fails or sends anything but its report gives a ``runtime_error``."""
+    from dice.validator.judge import ProtocolViolation, RunnerFailed, RunnerProcess, runner_args
+
     ctx.phase("build")
-    threads = threading.active_count()
-    refs = task.get("ref_srcs")
-    report = prebuild(ctx.cache_dir, ctx.task_dir(), list(task.get("cand_srcs") or []), ref_srcs=refs)
-    restart = bool(ctx.integrity.violations()) or threading.active_count() > threads
-    return Verdict("compiled", True, message=json.dumps(report)), restart
+    args = runner_args(ctx, ctx.task_dir())
+    args.update(cand_srcs=list(task.get("cand_srcs") or []), ref_srcs=task.get("ref_srcs"))
+    runner = None
+    try:
+        runner = RunnerProcess(ctx.zygote, "prebuild", args)
+        report = runner.receive(0, "prebuilt").get("report")
+    except (RunnerFailed, ProtocolViolation) as exc:
+        return Verdict("runtime_error", False, message=f"the batched build failed: {exc}"), False
+    finally:
+        if runner is not None:
+            runner.close()
+    if not isinstance(report, dict):
+        return Verdict("runtime_error", False, message="the batched build sent no report"), False
+    return Verdict("compiled", True, message=json.dumps(report)), False
 
 
 def prebuild(

@@ -69,6 +69,9 @@ class WorkerContext:
     def __init__(self, out: TextIO) -> None:
         self.out = out
         self.gpu = os.environ.get("DICE_WORKER_GPU") == "1"
+        # the CPU tests' stand-in for the GPU path: the KernelBench run, judge and runner, on the CPU
+        self.emulated = not self.gpu and os.environ.get("DICE_VALIDATOR_EMULATE") == "cpu"
+        self._zygote: Any = None
         self.cache_dir = Path(os.environ["DICE_WORKER_CACHE"])
         self.workdir = Path.cwd()
         self.log_path = Path(os.environ["DICE_WORKER_LOG"])
@@ -102,7 +105,22 @@ class WorkerContext:
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
                 torch.ones(1, device="cuda").add_(1)
                 torch.cuda.synchronize()
+        if self.emulated:
+            self.device_name = "CPU (the GPU path emulated)"
         self.integrity = Integrity()
+
+    @property
+    def zygote(self) -> Any:
+        """The runner zygote (:mod:`dice.validator.zygote`), started on first use and after it died."""
+        if self._zygote is None:
+            from dice.validator.zygote import Zygote
+
+            self._zygote = Zygote()
+        return self._zygote
+
+    def close(self) -> None:
+        if self._zygote is not None:
+            self._zygote.close()
 
     def set_limits(self, limits: dict[str, Any] | None) -> None:
         """A task's compile limits (``{"nvrtc_s", "nvcc_s", "memory_bytes"}``; missing: the defaults)."""

@@ -38,24 +38,39 @@ def construct_models(
     from the same init inputs (drawn on the CPU after the same seed; tensors among them moved to ``device``,
     as KernelBench does), then moved to ``device`` and left in training mode, as KernelBench leaves them.
     Exceptions propagate."""
+    init = draw_init_inputs(ref_module, seed)
+    model, line = construct_model(ref_module.Model, init, device, seed)
+    model_new, _ = construct_model(cand_module.ModelNew, init, device, seed)
+    return model, model_new, line.replace("model built", "Model and ModelNew built")
+
+
+def draw_init_inputs(ref_module: ModuleType, seed: int = SEED) -> list[Any]:
+    """``get_init_inputs()`` on the CPU right after ``torch.manual_seed(seed)`` (not moved yet)."""
+    import torch
+
+    with torch.device("cpu"):
+        torch.manual_seed(seed)
+        return list(ref_module.get_init_inputs())
+
+
+def construct_model(cls: Any, init_inputs: list[Any], device: Any, seed: int = SEED) -> tuple[Any, str]:
+    """``(cls(*init_inputs) on device, log line)``: built on the CPU right after ``torch.manual_seed(seed)``
+    (tensor init inputs moved to ``device`` first, as KernelBench does), then moved, in training mode (the
+    mode KernelBench leaves it in: a BatchNorm candidate normalises with the batch's statistics, as the
+    reference then does). :func:`construct_models` builds both this way; the judge builds ``Model`` and
+    a runner ``ModelNew`` (:mod:`dice.validator.judge`)."""
     import torch
 
     device = torch.device(device)
     with torch.device("cpu"):
+        moved = [_moved(x, device) for x in init_inputs]
         torch.manual_seed(seed)
-        init_inputs = [_moved(x, device) for x in ref_module.get_init_inputs()]
-        torch.manual_seed(seed)
-        model = ref_module.Model(*init_inputs)
-        torch.manual_seed(seed)
-        model_new = cand_module.ModelNew(*init_inputs)
-    # KernelBench runs both in the mode construction leaves them (training mode): a BatchNorm candidate
-    # written for KernelBench normalises with the batch's statistics, as the reference then does.
+        model = cls(*moved)
     model = model.to(device)
-    model_new = model_new.to(device)
-    line = f"construction: Model and ModelNew built on the CPU from seed {seed}"
+    line = f"construction: model built on the CPU from seed {seed}"
     if device.type != "cpu":
         line += f", then moved to {device}"
-    return model, model_new, line
+    return model, line
 
 
 def input_elements(ref_module: ModuleType) -> int | None:

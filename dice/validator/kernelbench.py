@@ -1,44 +1,58 @@
-"""The KernelBench path, run inside a worker.
+"""The KernelBench path, run inside a worker: the judge's side of it (the candidate runs in a runner).
 
 Protocol (KernelBench's, made stricter): ``Model`` and ``ModelNew`` are built as KernelBench builds them, on
 the CPU, each after ``torch.manual_seed(42)``, from the same init inputs, then moved to the GPU
-(:mod:`dice.validator.kbsetup`); 5 correctness trials with fresh seeded inputs (written into the same
-buffers, so a cache keyed on pointers is caught); shape/dtype check, ``allclose`` at 1e-2 (``strict``: 1e-4)
-and the degenerate-output check of :func:`dice.validator.gpu.compare_outputs` (a constant, all-zero or far
-too small output fails even inside the tolerance); then CUDA-event timing of both (3 warm-up calls, 100
-trials, L2 flushed before each, inputs rotated), the eager reference timed live in the same run. Inputs are
-drawn on the CPU under the trial's seed and moved, as KernelBench does, except large ones (over
-``kbsetup.CPU_INPUT_ELEMENTS`` elements: CPU generation of KernelBench's multi-GB inputs takes seconds per
-trial), which are drawn on the GPU under the same seed; the log says which. Dtypes are kept, so integer
-inputs stay integers.
+(:mod:`dice.validator.kbsetup`) -- ``Model`` here, ``ModelNew`` in the candidate's own runner process
+(:mod:`dice.validator.judge`, :mod:`dice.validator.runner`): this process never imports a candidate. Then 5
+correctness trials with inputs drawn from seeds picked at random for this run (written into the same
+shared buffers, so a cache keyed on pointers is caught); shape/dtype check, ``allclose`` at 1e-2
+(``strict``: 1e-4) and the degenerate-output check of :func:`dice.validator.gpu.compare_outputs` (a
+constant, all-zero or far too small output fails even inside the tolerance), all on the judge's memory;
+one profiled forward in the runner (``kernel_never_called``); then timing from outside (3 warm-up rounds,
+100 trials, L2 flushed before each, 3 input sets, the outputs checked after every round), the eager
+reference timed live in the same run. Inputs are drawn on the CPU under the trial's seed and moved, as
+KernelBench does, except large ones (over ``kbsetup.CPU_INPUT_ELEMENTS`` elements: CPU generation of
+KernelBench's multi-GB inputs takes seconds per trial), which are drawn on the GPU under the same seed; the
+log says which. Dtypes are kept, so integer inputs stay integers.
 
 The pieces live beside this module: builds and the extension cache in :mod:`dice.validator.builds`, the check
 without a GPU in :mod:`dice.validator.kbstatic`, the static guards in :mod:`dice.validator.guards` and the
-dynamic ones (checked here, in the order of their table) in :mod:`dice.validator.runtime_guards`.
+dynamic ones (checked here and in the runner, in the order of their table) in
+:mod:`dice.validator.runtime_guards`. ``DICE_VALIDATOR_EMULATE=cpu`` (the CPU tests) runs this whole path
+on the CPU, ``load_inline`` in the runner served by the stand-ins of ``DICE_EMULATED_EXTENSIONS``.
 """
 
 from __future__ import annotations
 
-import random
 import re
 import sys
-import threading
 import time
 import traceback
-from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from dice.validator.builds import built_kernel_names, cached_extension_builds, describe_builds, import_source
+from dice.validator.builds import describe_builds, import_source
+from dice.validator.gpu import L2Flusher, compare_outputs
 from dice.validator.guards import analyze_candidate, static_guards
-from dice.validator.kbsetup import SEED, construct_models, generate_inputs
+from dice.validator.judge import (
+    Session,
+    meta,
+    poison,
+    random_seeds,
+    rebuild,
+    runner_rejection,
+    sync,
+    task_args,
+    time_candidate,
+    time_reference,
+)
+from dice.validator.kbsetup import SEED, construct_model, draw_init_inputs, generate_inputs
 from dice.validator.kbstatic import static_compile_check
 from dice.validator.paths import source_hash
 from dice.validator.reference import check_reference
 from dice.validator.runtime_guards import (
     Launch,
     Replaced,
-    Timed,
     Trial,
     clone,
     first_rejection,
@@ -87,85 +101,83 @@ def run_kernelbench(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, 
         v.log = "\n".join(h.describe() for h in hits)
         return v, False
     not_run = task.get("not_run") or None  # an untrusted workspace: neither reference nor candidate runs
-    if not ctx.gpu or not_run is not None:
+    if not (ctx.gpu or ctx.emulated) or not_run is not None:
         return static_compile_check(info, strict, not_run=not_run), False
-    return _run_on_gpu(ctx, ref_src, cand_src, strict, timing)
+    return _run_judged(ctx, ref_src, cand_src, strict, timing)
 
 
 # ------------------------------------------------------------------------------------------------- GPU run
-def _run_on_gpu(
+def _run_judged(
     ctx: WorkerContext, ref_src: str, cand_src: str, strict: bool, timing: bool
 ) -> tuple[Verdict, bool]:
+    """The run with the candidate in a runner of its own (:mod:`dice.validator.judge`): (verdict, restart
+    this worker). A candidate's crash, hang or CUDA fault costs its runner, not this process."""
     import torch
 
+    from dice.validator.judge import ProtocolViolation, RunnerFailed, RunnerProcess, Session, runner_verdict
+    from dice.validator.zygote import ZygoteError
+
+    device = torch.device("cuda", torch.cuda.current_device()) if ctx.gpu else torch.device("cpu")
     task_dir = ctx.task_dir()
     key = source_hash(cand_src, length=12)
-    records: list[dict[str, Any]] = []
-    device = torch.device("cuda", torch.cuda.current_device())
-    build_start = time.perf_counter()
-    built = _build_models(ctx, ref_src, cand_src, task_dir, key, device, records)
-    if isinstance(built, Verdict):
-        return built, True
-    ref, model, model_new, construction = built
-    del built
-    build_log = f"{describe_builds(records)}; build+import {time.perf_counter() - build_start:.1f} s"
-    build_log += f"\n{construction}"
-    verdict = first_rejection(Replaced("importing the candidate", ctx.integrity.violations()))
-    if verdict is not None:
-        return verdict, True
-    kernel_names = built_kernel_names(records, cand_src)
-    ctx.acquire_gpu()
-    try:
-        with torch.no_grad():
-            verdict = _check_and_time(ctx, ref, model, model_new, device, strict, timing, kernel_names)
-    except Exception as exc:  # noqa: BLE001 - illegal address, launch failure ...: the context is unusable
-        return Verdict(
-            "runtime_error", True, message=f"runtime error: {_short(exc)}", log=traceback.format_exc()
-        ), True
-    verdict.log = (f"{build_log}\n{verdict.log}").strip()
-    patched = first_rejection(Replaced("the candidate", ctx.integrity.violations()))
-    if patched is not None:
-        return patched, True
-    for name in [n for n in sys.modules if n.endswith(key) and n.startswith("dice_")]:
-        del sys.modules[name]
-    del model, model_new
-    torch.cuda.empty_cache()
-    return verdict, False
-
-
-def _build_models(
-    ctx: WorkerContext,
-    ref_src: str,
-    cand_src: str,
-    task_dir: Path,
-    key: str,
-    device: Any,
-    records: list[dict[str, Any]],
-) -> tuple[ModuleType, Any, Any, str] | Verdict:
-    """Import the reference and the candidate (building its extensions) and construct ``Model`` and
-    ``ModelNew`` as KernelBench does (:func:`dice.validator.kbsetup.construct_models`): ``(reference module,
-    model, model_new, construction log line)``, or the failure's verdict when one step fails."""
-    stage = "importing the reference"
+    start = time.perf_counter()
     try:
         ref = import_source(ref_src, task_dir / "reference.py", f"dice_ref_{key}")
+        init = draw_init_inputs(ref, SEED)
+        model, construction = construct_model(ref.Model, init, device, SEED)
     except Exception as exc:  # noqa: BLE001
         return Verdict(
             "runtime_error",
             False,
             message=f"the reference failed to import: {exc}",
             log=traceback.format_exc(),
-        )
+        ), False
+    finally:
+        sys.modules.pop(f"dice_ref_{key}", None)
+    construction = construction.replace("model built", "Model and ModelNew built")
     try:
-        with cached_extension_builds(ctx.cache_dir, records):
-            stage = "building the candidate (import, load_inline)"
-            cand = import_source(cand_src, task_dir / "candidate.py", f"dice_cand_{key}")
-            stage = "constructing Model and ModelNew"
-            model, model_new, construction = construct_models(ref, cand, device, SEED)
-    except Exception as exc:  # noqa: BLE001 - a build or import failure is the candidate's compile error
-        log = traceback.format_exc()
-        status = "compile_error" if stage.startswith("building") else "runtime_error"
-        return Verdict(status, status != "compile_error", message=f"{stage} failed: {_short(exc)}", log=log)
-    return ref, model, model_new, construction
+        session = Session(
+            RunnerProcess(ctx.zygote, "kernelbench", task_args(ctx, cand_src, task_dir, init, device)), device
+        )
+    except (ZygoteError, OSError) as exc:
+        return Verdict("runtime_error", False, message=f"validator error: {exc}"), True
+    build_log = construction
+    try:
+        try:
+            ready = session.runner.receive(0, "ready")
+        except RunnerFailed as exc:
+            exc.log = f"{describe_builds(exc.records)}\n{exc.log}"
+            raise
+        records = [r for r in ready.get("records") or [] if isinstance(r, dict)]
+        build_log = (
+            f"{describe_builds(records)}; runner ready (fork, CUDA, import, construction) "
+            f"{time.perf_counter() - start:.2f} s\n{construction}"
+        )
+        verdict = first_rejection(
+            Replaced("importing the candidate", [str(n) for n in ready.get("replaced") or []])
+        )
+        if verdict is not None:
+            return verdict, False
+        ctx.acquire_gpu()
+        with torch.no_grad():
+            names = [str(n) for n in ready.get("kernel_names") or []]
+            verdict = _check_and_time(session, model, ref, device, strict, timing, names, ctx.device_name)
+        replaced = session.runner.request("check", "check").get("replaced") or []
+        patched = first_rejection(Replaced("the candidate", [str(n) for n in replaced]))
+        verdict = patched if patched is not None else verdict
+        verdict.log = f"{build_log}\n{verdict.log}".strip()
+        return verdict, False
+    except (RunnerFailed, ProtocolViolation) as exc:
+        return runner_verdict(exc, build_log), False
+    except Exception as exc:  # noqa: BLE001 - a failure on the judge's side: this worker starts afresh
+        return Verdict(
+            "runtime_error", True, message=f"runtime error: {_short(exc)}", log=traceback.format_exc()
+        ), True
+    finally:
+        session.close()
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def _short(exc: BaseException, limit: int = 600) -> str:
@@ -174,18 +186,18 @@ def _short(exc: BaseException, limit: int = 600) -> str:
 
 
 def _check_and_time(
-    ctx: WorkerContext,
-    ref: ModuleType,
+    session: Session,
     model: Any,
-    model_new: Any,
+    ref: ModuleType,
     device: Any,
     strict: bool,
     timing: bool,
     kernel_names: list[str],
+    device_name: str | None,
 ) -> Verdict:
     """Correctness trials, the kernel-launch check, then timing; the first guard that fires decides."""
     atol, rtol = (STRICT_ATOL, STRICT_RTOL) if strict else (ATOL, RTOL)
-    failed, inputs, worst, drawn = _correctness_trials(ref, model, model_new, device, atol, rtol)
+    failed, last_inputs, worst, drawn = _correctness_trials(session, model, ref, device, atol, rtol)
     if failed is not None:
         failed.log = f"{drawn}\n{failed.log}".strip()
         return failed
@@ -195,7 +207,7 @@ def _check_and_time(
         f"correctness: {CORRECTNESS_TRIALS} trials passed at atol={atol:g} rtol={rtol:g}, "
         f"max abs err {worst:.3g}",
     ]
-    never_called = _launch_check(model_new, inputs, kernel_names, flags, log)
+    never_called = _launch_check(session, kernel_names, flags, log)
     if never_called is not None:
         return never_called
     if not timing:
@@ -208,120 +220,108 @@ def _check_and_time(
             log="\n".join(log),
             flags=flags,
         )
-    return _timed_verdict(ctx, ref, model, model_new, device, inputs, atol, worst, flags, log)
+    return _timed_verdict(
+        session, model, ref, device, last_inputs, (atol, rtol), worst, flags, log, device_name
+    )
 
 
 def _correctness_trials(
-    ref: ModuleType, model: Any, model_new: Any, device: Any, atol: float, rtol: float
+    session: Session, model: Any, ref: ModuleType, device: Any, atol: float, rtol: float
 ) -> tuple[Verdict | None, list[Any], float, str]:
-    """(the verdict of the first trial that fails or None, the inputs of the last trial, worst abs error,
-    the log line saying where the inputs were drawn)."""
-    from dice.validator.gpu import compare_outputs
-
-    rng = random.Random(SEED)
-    seeds = [rng.randrange(2**31) for _ in range(CORRECTNESS_TRIALS)]
-    inputs: list[Any] | None = None
+    """(the verdict of the first trial that fails or None, the last trial's inputs as drawn, worst abs
+    error, the log line saying how the inputs were drawn)."""
+    seeds = random_seeds(CORRECTNESS_TRIALS)
     previous: tuple[Any, Any] | None = None
     worst = 0.0
     drawn: list[str] = []
+    saved: list[Any] = []
     for number, seed in enumerate(seeds, 1):
-        fresh, where_drawn = generate_inputs(ref, device, seed)
+        inputs, where_drawn = generate_inputs(ref, device, seed)
         if where_drawn not in drawn:
             drawn.append(where_drawn)
-        inputs = _refill(inputs, fresh)
-        del fresh
-        trial = _observe_trial(model, model_new, inputs, previous, device.type)
+        line = "inputs: " + "; ".join(drawn) + f"; seeds drawn for this run: {', '.join(map(str, seeds))}"
+        saved = [clone(x) for x in inputs]
+        views = session.put_inputs(inputs)  # before the reference, which may change its inputs in place
+        trial = _observe_trial(session, model, inputs, views, saved, previous, device)
         where = f" (trial {number})"
-        line = "inputs: " + "; ".join(drawn)
+        if isinstance(trial, Verdict):
+            trial.message += where
+            return trial, saved, worst, line
         verdict = first_rejection(trial, where=where)
         if verdict is not None:
-            return verdict, inputs, worst, line
+            return verdict, saved, worst, line
         cmp = compare_outputs(trial.new_out, trial.ref_out, atol=atol, rtol=rtol)
         if not cmp.correct:
+            message = f"incorrect{where}: {cmp.message}"
             return (
-                Verdict(
-                    "incorrect",
-                    True,
-                    False,
-                    max_abs_err=cmp.max_abs_err,
-                    message=f"incorrect{where}: {cmp.message}",
-                ),
-                inputs,
+                Verdict("incorrect", True, False, max_abs_err=cmp.max_abs_err, message=message),
+                saved,
                 worst,
                 line,
             )
         worst = max(worst, cmp.max_abs_err or 0.0)
         previous = (clone(trial.new_out), clone(trial.ref_out))
-        del trial
-    assert inputs is not None
-    return None, inputs, worst, "inputs: " + "; ".join(drawn)
-
-
-def _refill(inputs: list[Any] | None, fresh: list[Any]) -> list[Any]:
-    """The first trial's inputs, later ones written into the same buffers: same buffers, new values, so a
-    cache keyed on ``data_ptr`` returns stale results."""
-    import torch
-
-    if inputs is None:
-        return fresh
-    for i, (old, new) in enumerate(zip(inputs, fresh, strict=True)):
-        if (
-            isinstance(old, torch.Tensor)
-            and isinstance(new, torch.Tensor)
-            and old.shape == new.shape
-            and old.dtype == new.dtype
-        ):
-            old.copy_(new)
-        else:
-            inputs[i] = new
-    return inputs
+    return None, saved, worst, line
 
 
 def _observe_trial(
-    model: Any, model_new: Any, inputs: list[Any], previous: tuple[Any, Any] | None, device_type: str
-) -> Trial:
-    """Run the reference, undo its in-place changes, run the candidate on the same inputs, and record what
-    the guards look at."""
+    session: Session,
+    model: Any,
+    inputs: list[Any],
+    views: list[Any],
+    saved: list[Any],
+    previous: Any,
+    device: Any,
+) -> Trial | Verdict:
+    """The reference on the judge's inputs, the candidate (in its runner) on the shared copy; what the
+    judge's guards look at, or the verdict of what the runner observed (a guard, a mismatch)."""
     import torch
 
-    saved = [clone(x) for x in inputs]
     ref_out = model(*inputs)
     ref_mutated = [
         isinstance(x, torch.Tensor) and not torch.equal(x, s) for x, s in zip(inputs, saved, strict=True)
     ]
-    for x, s, m in zip(inputs, saved, ref_mutated, strict=True):
-        if m:
-            x.copy_(s)
     ref_aliases = any(same_storage(o, x) for o in tensors(ref_out) for x in tensors(inputs))
-    threads_before = threading.active_count()
-    new_out = model_new(*inputs)
-    torch.cuda.synchronize()
+    slots = session.slots_like(ref_out)
+    poison(slots)
+    sync(device)
+    reply = session.runner.request("trial", "trial", ref=meta(ref_out), ref_aliases=ref_aliases)
+    if reply.get("rejection"):
+        return runner_rejection(reply["rejection"])
+    if reply.get("mismatch"):
+        return Verdict("incorrect", True, False, message=f"incorrect: {str(reply['mismatch'])[:500]}")
+    new_out = rebuild(ref_out, [s.clone() for s in slots], list(reply.get("values") or []))
     return Trial(
-        inputs=inputs,
+        inputs=views,
         saved=saved,
         ref_mutated=ref_mutated,
         ref_aliases=ref_aliases,
         ref_out=ref_out,
         new_out=new_out,
-        device_type=device_type,
-        threads_before=threads_before,
-        threads_after=threading.active_count(),
+        device_type=device.type,
+        threads_before=0,  # counted in the runner
+        threads_after=0,
         previous=previous,
     )
 
 
 def _launch_check(
-    model_new: Any, inputs: list[Any], kernel_names: list[str], flags: list[str], log: list[str]
+    session: Session, kernel_names: list[str], flags: list[str], log: list[str]
 ) -> Verdict | None:
-    """Profile one forward: the rejection when none of the candidate's kernels ran, else None (flags and
-    log lines are appended)."""
-    launch = _launched_kernels(model_new, inputs, kernel_names)
-    if launch is None:
+    """One profiled forward in the runner: the rejection when none of the candidate's kernels ran, else None
+    (flags and log lines are appended)."""
+    started = time.perf_counter()
+    profile = session.runner.request("launch", "launch", kernel_names=kernel_names).get("profile")
+    log.append(
+        f"kernel launch check: one profiled forward in the runner, {time.perf_counter() - started:.2f} s"
+    )
+    if not isinstance(profile, dict):
         flags.append(FLAG_LAUNCH_NOT_VERIFIED)
         log.append("kernel launch check: the profiler recorded no CUDA activity")
         return None
-    ours, total, names = launch
-    log.append(f"kernels launched: {', '.join(sorted(names)) or 'none'}")
+    ours, total = float(profile.get("ours", 0)), float(profile.get("total", 0))
+    names = sorted(str(n)[:80] for n in list(profile.get("names") or [])[:200])
+    log.append(f"kernels launched: {', '.join(names) or 'none'}")
     verdict = first_rejection(Launch(ours, kernel_names), log="\n".join(log))
     if verdict is not None:
         return verdict
@@ -333,50 +333,47 @@ def _launch_check(
 
 
 def _timed_verdict(
-    ctx: WorkerContext,
-    ref: ModuleType,
+    session: Session,
     model: Any,
-    model_new: Any,
+    ref: ModuleType,
     device: Any,
     inputs: list[Any],
-    atol: float,
+    tolerance: tuple[float, float],
     worst: float,
     flags: list[str],
     log: list[str],
+    device_name: str | None,
 ) -> Verdict:
-    """Time the reference and the candidate on the same input sets; the side-stream guard, then the
-    verdict with the speedup."""
-    import torch
-
-    from dice.validator.gpu import L2Flusher, host_synchronized_ms, time_cuda
-
+    """Time the candidate from the judge (go/done round trips, outputs checked after each) and the
+    reference here, on the same input sets; the verdict with the speedup."""
     arg_sets = [inputs]
     input_bytes = sum(x.numel() * x.element_size() for x in tensors(inputs))
-    free, _ = torch.cuda.mem_get_info()
-    if input_bytes * 3 < free * 0.3:
-        arg_sets += [generate_inputs(ref, device, SEED + k)[0] for k in (101, 202)]
-    flush = L2Flusher(device)
-    ref_t = time_cuda(model, arg_sets, warmup=WARMUP, trials=TIMING_TRIALS, flush=flush)
-    new_t = time_cuda(model_new, arg_sets, warmup=WARMUP, trials=TIMING_TRIALS, flush=flush)
-    wall = host_synchronized_ms(model_new, inputs)
+    if _fits(device, input_bytes):
+        arg_sets += [generate_inputs(ref, device, seed)[0] for seed in random_seeds(2)]
+    expected = [clone(model(*clone(s))) for s in arg_sets]
+    flush = L2Flusher(device) if device.type == "cuda" else (lambda: None)
+    new_t = time_candidate(session, arg_sets, expected, flush, tolerance, warmup=WARMUP, trials=TIMING_TRIALS)
+    if isinstance(new_t, Verdict):
+        new_t.log = "\n".join(log)
+        return new_t
+    ref_t = time_reference(model, arg_sets, device, flush, warmup=WARMUP, trials=TIMING_TRIALS)
     log.append(
-        f"reference (eager, live): mean {ref_t.mean_ms:.5f} ms, median {ref_t.median_ms:.5f}, "
-        f"std {ref_t.std_ms:.5f}"
+        f"reference (eager, live, host clock): mean {ref_t['mean_ms']:.5f} ms, "
+        f"median {ref_t['median_ms']:.5f}, std {ref_t['std_ms']:.5f} "
+        f"(an empty synchronisation, {ref_t['baseline_ms']:.5f} ms, subtracted)"
     )
     log.append(
-        f"candidate: mean {new_t.mean_ms:.5f} ms, median {new_t.median_ms:.5f}, std {new_t.std_ms:.5f}; "
-        f"host-synchronised {wall:.5f} ms"
+        f"candidate (timed by the judge, go/done): mean {new_t['mean_ms']:.5f} ms, median "
+        f"{new_t['median_ms']:.5f}, std {new_t['std_ms']:.5f} (an empty round trip, "
+        f"{new_t['baseline_ms']:.5f} ms, subtracted); outputs checked after every round"
     )
     log.append(
-        f"device: {ctx.device_name}; {WARMUP} warm-up, {TIMING_TRIALS} trials, L2 flushed, "
+        f"device: {device_name}; {WARMUP} warm-up, {TIMING_TRIALS} trials, L2 flushed, "
         f"{len(arg_sets)} input set(s)"
     )
-    verdict = first_rejection(Timed(wall, new_t.median_ms), correct=True, log="\n".join(log))
-    if verdict is not None:
-        return verdict
-    speedup = ref_t.mean_ms / new_t.mean_ms if new_t.mean_ms > 0 else None
-    message = f"correct ({CORRECTNESS_TRIALS} trials, atol={atol:g}); "
-    message += f"{speedup:.2f}x vs PyTorch eager ({ref_t.mean_ms:.4f} ms -> {new_t.mean_ms:.4f} ms)"
+    speedup = ref_t["mean_ms"] / new_t["mean_ms"] if new_t["mean_ms"] > 0 else None
+    message = f"correct ({CORRECTNESS_TRIALS} trials, atol={tolerance[0]:g}); "
+    message += f"{speedup:.2f}x vs PyTorch eager ({ref_t['mean_ms']:.4f} ms -> {new_t['mean_ms']:.4f} ms)"
     extra_flags, note = speedup_flags(speedup)
     flags += extra_flags
     message += note
@@ -385,8 +382,8 @@ def _timed_verdict(
         True,
         True,
         speedup=speedup,
-        ref_ms=ref_t.mean_ms,
-        new_ms=new_t.mean_ms,
+        ref_ms=ref_t["mean_ms"],
+        new_ms=new_t["mean_ms"],
         max_abs_err=worst,
         message=message,
         log="\n".join(log),
@@ -394,7 +391,16 @@ def _timed_verdict(
     )
 
 
-def _launched_kernels(
+def _fits(device: Any, input_bytes: int) -> bool:
+    import torch
+
+    if device.type != "cuda":
+        return True
+    free, _ = torch.cuda.mem_get_info()
+    return input_bytes * 3 < free * 0.3
+
+
+def launched_kernels(
     model_new: Any, inputs: list[Any], kernel_names: list[str]
 ) -> tuple[float, float, set[str]] | None:
     """(custom kernel time, total kernel time, kernel names) of one profiled forward, or None without data."""

@@ -5,8 +5,14 @@ Each guard is a small named function over one observation that returns the reaso
 * :class:`Replaced` - the library functions a candidate replaced (``monkey_patch``: after the import, and
   again after the run);
 * :class:`Trial` - one correctness trial (``side_thread`` ... ``outputs_cached``, per trial);
-* :class:`Launch` - the profiled forward (``kernel_never_called``);
-* :class:`Timed` - the timing (``side_stream``).
+* :class:`Launch` - the profiled forward (``kernel_never_called``).
+
+Where each is observed: ``Replaced``, ``Launch`` and the ``Trial`` guards that need the candidate's own
+objects (``side_thread``, ``fake_tensor``, ``precision_downgrade``, ``output_aliases_input``) in the
+candidate's runner (:mod:`dice.validator.runner`); ``inputs_mutated`` and ``outputs_cached`` by the judge on
+its own buffers (:mod:`dice.validator.kernelbench`). Work that escapes the timed stream needs no guard of
+its own any more: the judge times from outside, the runner's device-wide synchronisation included, and
+reads the outputs back after every round (``outputs_not_ready``, :mod:`dice.validator.judge`).
 
 :data:`RUNTIME_GUARDS` lists them in the order the worker checks them; :func:`first_rejection` runs those for
 one observation and turns the first reason into a verdict with :func:`rejected`, the one constructor of
@@ -23,10 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from dice.validator.verdict import Verdict
-
-# Host-synchronised time may exceed event time by launch overhead; far beyond that, work escaped the stream.
-SIDE_STREAM_FACTOR = 2.0
-SIDE_STREAM_SLACK_MS = 0.5
 
 
 def rejected(
@@ -77,14 +79,6 @@ class Launch:
 
     ours: float
     kernel_names: list[str]
-
-
-@dataclass
-class Timed:
-    """The timing: host-synchronised wall time of one call against the timed stream's median."""
-
-    wall_ms: float
-    stream_median_ms: float
 
 
 # ------------------------------------------------------------------------------------------------ guards
@@ -151,15 +145,6 @@ def kernel_never_called(launch: Launch) -> str | None:
     return None
 
 
-def side_stream(t: Timed) -> str | None:
-    if t.wall_ms > SIDE_STREAM_FACTOR * t.stream_median_ms + SIDE_STREAM_SLACK_MS:
-        return (
-            f"a synchronised call takes {t.wall_ms:.3f} ms but the timed stream sees "
-            f"{t.stream_median_ms:.3f} ms (work escapes the timed stream)"
-        )
-    return None
-
-
 @dataclass(frozen=True)
 class RuntimeGuard:
     name: str
@@ -176,12 +161,11 @@ RUNTIME_GUARDS: tuple[RuntimeGuard, ...] = (
     RuntimeGuard("inputs_mutated", Trial, inputs_mutated),
     RuntimeGuard("outputs_cached", Trial, outputs_cached),
     RuntimeGuard("kernel_never_called", Launch, kernel_never_called),
-    RuntimeGuard("side_stream", Timed, side_stream),
 )
 
 
 def first_rejection(
-    observed: Replaced | Trial | Launch | Timed,
+    observed: Replaced | Trial | Launch,
     *,
     where: str = "",
     correct: bool | None = None,

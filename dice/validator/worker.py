@@ -39,6 +39,7 @@ from dice.validator.limits import NVRTC
 from dice.validator.sandbox import confine_self
 from dice.validator.spec_files import dependency_file_stamps
 from dice.validator.verdict import Verdict, error_verdict
+from dice.validator.zygote import not_dumpable
 
 
 def _run_task(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, bool]:
@@ -54,7 +55,7 @@ def _run_task(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, bool]:
     if kind == "kb_prebuild":
         from dice.validator.batchbuild import run_prebuild
 
-        return run_prebuild(ctx, task)
+        return run_prebuild(ctx, task)  # discovery imports candidates: in a runner, not here
     if kind == "probe":
         return _probe(ctx, task)
     return error_verdict("runtime_error", f"unknown task kind {kind!r}"), False
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.enable(all_threads=True)
     try:
         isolation = confine_self()  # before any task (and before torch, CUDA, NVRTC start)
+        not_dumpable()  # no same-user ptrace or /proc/<pid>/mem: a runner cannot reach into the judge
         ctx = WorkerContext(out)
     except Exception as exc:  # noqa: BLE001 - reported to the pool, which gives up on this slot
         out.write(json.dumps({"event": "fatal", "message": f"{type(exc).__name__}: {exc}"}) + "\n")
@@ -165,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 "deps": dependency_file_stamps(ctx.task_deps),
             }
         )
+    ctx.close()
     return 0
 
 

@@ -39,6 +39,87 @@ def get_init_inputs():
 """
 
 
+# Stand-ins for the candidates' extension functions in the emulated GPU path (DICE_EMULATED_EXTENSIONS):
+# the kernels are what a CPU cannot run; everything else -- judge, zygote, runner, shared buffers, guards,
+# timing -- is the product's own code.
+STANDINS = """import torch
+
+
+def relu_forward(x, n=None):
+    return torch.clamp_min(x, 0.0)
+
+
+def launch_profile():
+    return {"ours": 1.0, "total": 1.0, "names": ["relu_kernel"]}
+"""
+
+
+class EmulatedJudge:
+    """What ``kernelbench._run_judged`` needs from a worker, for the GPU path emulated on the CPU: this test
+    process is the judge, its runners are forked by a real zygote."""
+
+    def __init__(self, root: Path) -> None:
+        from dice.validator.zygote import Zygote
+
+        self.gpu, self.emulated = False, True
+        self.device_name = "CPU (the GPU path emulated)"
+        self.root = root
+        self.cache_dir = root / "cache"
+        self._count = 0
+        self.zygote = Zygote()
+
+    def task_dir(self) -> Path:
+        self._count += 1
+        path = self.root / f"task{self._count}"
+        path.mkdir(parents=True)
+        return path
+
+    def acquire_gpu(self) -> None:
+        pass
+
+    def phase(self, name: str) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def emulated_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``DICE_VALIDATOR_EMULATE=cpu`` with the stand-ins above, for one module's pools and judges (set
+    for longer, it would turn the compile-only pools of other modules into emulated ones)."""
+    import os
+
+    folder = tmp_path_factory.mktemp("emulated")
+    (folder / "standins.py").write_text(STANDINS)
+    saved = {k: os.environ.get(k) for k in ("DICE_VALIDATOR_EMULATE", "DICE_EMULATED_EXTENSIONS")}
+    os.environ.update(DICE_VALIDATOR_EMULATE="cpu", DICE_EMULATED_EXTENSIONS=str(folder / "standins.py"))
+    try:
+        yield folder
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def judge(emulated_env: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmulatedJudge]:
+    j = EmulatedJudge(tmp_path_factory.mktemp("judge"))
+    try:
+        yield j
+    finally:
+        j.zygote.close()
+
+
+def judged(
+    judge: EmulatedJudge, cand_src: str, *, ref: str = RELU_REF, strict: bool = False, timing: bool = True
+):
+    """The verdict of the judged run (static guards not applied: what reaches the runner)."""
+    from dice.validator import kernelbench
+
+    verdict, _restart = kernelbench._run_judged(judge, ref, cand_src, strict, timing)
+    return verdict
+
+
 def candidate(name: str) -> str:
     return (CANDIDATES / name).read_text(encoding="utf-8")
 

@@ -1,0 +1,400 @@
+"""A runner: the one process a candidate's code runs in, forked from the zygote for that candidate alone.
+
+The judge (:mod:`dice.validator.judge`) never imports a candidate. It forks a runner through the zygote
+(:mod:`dice.validator.zygote`), which imports the candidate (building its extensions), constructs
+``ModelNew`` as KernelBench does and then only does what the judge asks over its socket, one JSON line per
+request and per reply, each reply carrying its request's ``id``:
+
+- ``inputs`` / ``outputs`` (with file descriptors on the CPU): open the judge's shared buffers
+  (:mod:`dice.validator.shared_tensors`): the forward's arguments, and the slots its outputs are copied into;
+- ``trial``: one forward on the shared inputs, the guards that need the candidate's own objects (thread
+  count, output types, dtypes, aliasing, in :mod:`dice.validator.runtime_guards`), the outputs copied into
+  the slots;
+- ``launch``: one profiled forward (which kernels ran);
+- ``run`` / ``noop``: a timed forward, or the empty round trip the judge subtracts: outputs copied, the device
+  synchronised, then ``done``;
+- ``check``: the library functions replaced since the import; ``exit``.
+
+What this process reports is what a candidate could forge (it runs here): the judge treats it as a claim
+that can only make a verdict worse (a rejection, a mismatch). What makes a verdict ``correct`` -- the outputs
+in the slots, the inputs left intact, the seeds, the times -- the judge reads from its own memory and clock.
+
+The runner confines itself further before the candidate is imported (Landlock where the kernel has it:
+writes only to its task folder and the extension build cache), gets a private CuPy cache, and is killed
+with its process group when the task ends; it is never reused.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import os
+import socket
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+MAX_REQUEST = 64 << 20
+
+
+class Channel:
+    """JSON lines over the runner's socket (file descriptors ride along on the CPU)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buffer = b""
+        self._fds: list[int] = []
+
+    def receive(self) -> tuple[dict[str, Any], list[int]]:
+        while b"\n" not in self._buffer:
+            data, fds, _flags, _addr = socket.recv_fds(self.sock, 1 << 16, 16)
+            if not data:
+                raise EOFError("the judge closed the channel")
+            self._buffer += data
+            self._fds += fds
+            if len(self._buffer) > MAX_REQUEST:
+                raise ValueError("request too large")
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        fds, self._fds = self._fds, []
+        return json.loads(line), fds
+
+    def send(self, obj: dict[str, Any]) -> None:
+        self.sock.sendall((json.dumps(obj) + "\n").encode())
+
+
+def serve(fd: int, mode: str, args: dict[str, Any]) -> int:
+    """The runner's main: ``mode`` "kernelbench" (the protocol above) or "prebuild" (a batched build,
+    whose discovery imports candidates)."""
+    sock = socket.socket(fileno=fd)
+    channel = Channel(sock)
+    os.closerange(3, fd)
+    os.closerange(fd + 1, 1 << 16)
+    try:
+        _confine(args)
+        if mode == "prebuild":
+            return _prebuild(channel, args)
+        if mode == "kernelbench":
+            return KernelBenchRunner(channel, args).serve()
+        channel.send(
+            {"id": 0, "event": "error", "status": "runtime_error", "message": f"unknown mode {mode}"}
+        )
+    except Exception as exc:  # noqa: BLE001 - reported, then this process ends
+        with contextlib.suppress(OSError):
+            channel.send(_error(0, "runtime_error", f"runner failed: {type(exc).__name__}: {exc}"))
+    return 1
+
+
+def _confine(args: dict[str, Any]) -> None:
+    """Before any candidate code: a private task folder, HOME, TMPDIR and CuPy cache; Landlock on top of
+    the worker's sandbox where available (writes only to the task folder and the extension build cache)."""
+    from dice.validator.sandbox import apply_landlock, landlock_abi
+
+    task_dir = Path(args["task_dir"])
+    (task_dir / "tmp").mkdir(parents=True, exist_ok=True)
+    os.environ.update(HOME=str(task_dir), TMPDIR=str(task_dir / "tmp"), CUPY_CACHE_DIR=str(task_dir / "cupy"))
+    os.chdir(task_dir)
+    if args.get("landlock") and landlock_abi() > 0:
+        apply_landlock([Path(p) for p in args.get("writable") or []] + [task_dir])
+
+
+def _error(request_id: int, status: str, message: str, log: str = "") -> dict[str, Any]:
+    return {"id": request_id, "event": "error", "status": status, "message": message, "log": log[-20000:]}
+
+
+def _prebuild(channel: Channel, args: dict[str, Any]) -> int:
+    from dice.validator.batchbuild import prebuild
+
+    report = prebuild(
+        Path(args["cache_dir"]),
+        Path(args["task_dir"]),
+        list(args.get("cand_srcs") or []),
+        ref_srcs=args.get("ref_srcs"),
+    )
+    channel.send({"id": 0, "event": "prebuilt", "report": report})
+    return 0
+
+
+def load_value(text: str) -> Any:
+    """Values the judge sends with ``torch.save`` (init inputs): loaded with ``weights_only``."""
+    import torch
+
+    return torch.load(io.BytesIO(base64.b64decode(text)), weights_only=True)
+
+
+class KernelBenchRunner:
+    def __init__(self, channel: Channel, args: dict[str, Any]) -> None:
+        import torch
+
+        self.channel = channel
+        self.args = args
+        self.device = torch.device(args.get("device", "cuda"))
+        self.inputs: list[Any] = []
+        self.slots: list[Any] = []
+        self.last_out: Any = None
+        self.model: Any = None
+
+    def sync(self) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def serve(self) -> int:
+        if not self._start():
+            return 1
+        handlers = {
+            "inputs": self._inputs,
+            "outputs": self._outputs,
+            "trial": self._trial,
+            "launch": self._launch,
+            "run": self._run,
+            "noop": self._noop,
+            "check": self._check,
+        }
+        import torch
+
+        while True:
+            request, fds = self.channel.receive()
+            rid = int(request.get("id", -1))
+            op = request.get("op")
+            if op == "exit":
+                return 0
+            handler = handlers.get(str(op))
+            try:
+                if handler is None:
+                    raise ValueError(f"unknown request {op!r}")
+                with torch.no_grad():
+                    reply = handler(request, fds)
+            except Exception as exc:  # noqa: BLE001 - the candidate's failure (or a CUDA error): reported
+                self.channel.send(_error(rid, "runtime_error", _short(exc), traceback.format_exc()))
+                return 1
+            self.channel.send({"id": rid, **reply})
+
+    def _start(self) -> bool:
+        """Import the candidate and construct ``ModelNew``; the ``ready`` reply (request id 0)."""
+        import torch
+
+        from dice.validator.builds import built_kernel_names, import_source
+        from dice.validator.context import Integrity
+        from dice.validator.kbsetup import construct_model
+
+        if self.device.type == "cuda":
+            torch.cuda.init()
+            torch.cuda.set_device(self.device)
+            import torch.profiler  # noqa: F401 - before the snapshot, as the candidate's import may use it
+
+        integrity = Integrity()
+        self.integrity = integrity
+        records: list[dict[str, Any]] = []
+        stage = "building the candidate (import, load_inline)"
+        src = str(self.args["cand_src"])
+        try:
+            with _extension_builds(self.args, records):
+                cand = import_source(src, Path(self.args["task_dir"]) / "candidate.py", "dice_candidate")
+                stage = "constructing ModelNew"
+                init_inputs = load_value(self.args["init_inputs"])
+                self.model, construction = construct_model(
+                    cand.ModelNew, init_inputs, self.device, int(self.args["seed"])
+                )
+        except Exception as exc:  # noqa: BLE001 - a build or import failure is the candidate's compile error
+            status = "compile_error" if stage.startswith("building") else "runtime_error"
+            self.channel.send(
+                {
+                    **_error(0, status, f"{stage} failed: {_short(exc)}", traceback.format_exc()),
+                    "records": _plain_records(records),
+                }
+            )
+            return False
+        self.channel.send(
+            {
+                "id": 0,
+                "event": "ready",
+                "records": _plain_records(records),
+                "kernel_names": built_kernel_names(records, src),
+                "construction": construction,
+                "replaced": integrity.violations(),
+            }
+        )
+        return True
+
+    # ------------------------------------------------------------------------------------ the requests
+    def _inputs(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        from dice.validator.shared_tensors import open_buffers
+
+        specs = request["inputs"]
+        tensors = iter(open_buffers([s for s in specs if "tensor" in s], fds, self.device))
+        self.inputs = [next(tensors) if "tensor" in s else s["value"] for s in specs]
+        return {"event": "ok"}
+
+    def _outputs(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        from dice.validator.shared_tensors import open_buffers
+
+        self.slots = open_buffers(request["outputs"], fds, self.device)
+        return {"event": "ok"}
+
+    def _trial(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        import torch
+
+        from dice.validator.runtime_guards import RUNTIME_GUARDS, Trial
+
+        ref_out = [
+            torch.empty(s["shape"], dtype=getattr(torch, s["dtype"]), device="meta") for s in request["ref"]
+        ]
+        before = threading.active_count()
+        out = self.model(*self.inputs)
+        self.sync()
+        trial = Trial(
+            inputs=self.inputs,
+            saved=self.inputs,
+            ref_mutated=[True] * len(self.inputs),  # the judge checks the inputs, in its own memory
+            ref_aliases=bool(request.get("ref_aliases")),
+            ref_out=ref_out,
+            new_out=out,
+            device_type=self.device.type,
+            threads_before=before,
+            threads_after=threading.active_count(),
+        )
+        for guard in RUNTIME_GUARDS:
+            reason = guard.check(trial) if guard.observes is Trial else None
+            if reason is not None:
+                return {"event": "trial", "rejection": {"guard": guard.name, "reason": reason}}
+        return {"event": "trial", "rejection": None, **self._deliver(out)}
+
+    def _deliver(self, out: Any) -> dict[str, Any]:
+        """Copy the outputs into the judge's slots: ``{"mismatch": message | None, "values": [...]}``
+        (values: the non-tensor leaves)."""
+        import torch
+
+        from dice.validator.gpu import flatten
+
+        leaves = flatten(out)
+        tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+        values = [
+            x if isinstance(x, (int, float, bool, str)) or x is None else repr(x)
+            for x in leaves
+            if not isinstance(x, torch.Tensor)
+        ]
+        if len(tensors) != len(self.slots):
+            return {
+                "mismatch": f"{len(tensors)} output tensor(s), the reference returns {len(self.slots)}",
+                "values": values,
+            }
+        for i, (x, slot) in enumerate(zip(tensors, self.slots, strict=True)):
+            if x.shape != slot.shape:
+                return {
+                    "mismatch": f"output {i}: shape mismatch: expected {list(slot.shape)}, got "
+                    f"{list(x.shape)}",
+                    "values": values,
+                }
+            if x.dtype != slot.dtype:
+                return {
+                    "mismatch": f"output {i}: dtype mismatch (precision downgrade?): expected "
+                    f"{slot.dtype}, got {x.dtype}",
+                    "values": values,
+                }
+            slot.copy_(x)
+        self.last_out = tensors
+        self.sync()
+        return {"mismatch": None, "values": values}
+
+    def _launch(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        if self.device.type != "cuda":  # emulated: what the stand-ins say ran (tests), else nothing known
+            standins = sys.modules.get("dice_standins")
+            profile = getattr(standins, "launch_profile", None)
+            return {"event": "launch", "profile": profile() if profile is not None else None}
+        from dice.validator.kernelbench import launched_kernels
+
+        found = launched_kernels(self.model, self.inputs, list(request.get("kernel_names") or []))
+        if found is None:
+            return {"event": "launch", "profile": None}
+        ours, total, names = found
+        return {"event": "launch", "profile": {"ours": ours, "total": total, "names": sorted(names)}}
+
+    def _run(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        out = self.model(*self.inputs)
+        for x, slot in zip(_tensor_leaves(out), self.slots, strict=False):
+            slot.copy_(x)
+        self.sync()
+        self.last_out = out
+        return {"event": "done"}
+
+    def _noop(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        for x, slot in zip(_tensor_leaves(self.last_out), self.slots, strict=False):
+            slot.copy_(x)
+        self.sync()
+        return {"event": "done"}
+
+    def _check(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        return {"event": "check", "replaced": self.integrity.violations()}
+
+
+def _tensor_leaves(out: Any) -> list[Any]:
+    import torch
+
+    from dice.validator.gpu import flatten
+
+    return [x for x in flatten(out) if isinstance(x, torch.Tensor)]
+
+
+def _short(exc: BaseException, limit: int = 600) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def _plain_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    keep = ("name", "key", "cached", "batched", "fallback", "seconds", "emulated")
+    out = [{k: r[k] for k in keep if k in r} for r in records]
+    for r, src in zip(out, records, strict=True):
+        r["sources"] = [
+            str(s)
+            for s in (src["sources"] if isinstance(src["sources"], (list, tuple)) else [src["sources"]])
+        ]
+    return out
+
+
+@contextlib.contextmanager
+def _extension_builds(args: dict[str, Any], records: list[dict[str, Any]]):  # noqa: ANN202
+    """``load_inline`` through the build cache, or (``emulate`` set: the CPU tests) through stand-ins."""
+    from dice.validator.builds import cached_extension_builds
+
+    standins = args.get("emulated_extensions")
+    if not standins:
+        with cached_extension_builds(Path(args["cache_dir"]), records):
+            yield
+        return
+    import importlib.util
+    import types
+
+    import torch.utils.cpp_extension as cpp_extension
+
+    spec = importlib.util.spec_from_file_location("dice_standins", standins)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules["dice_standins"] = module
+
+    def load_inline(name: str, cpp_sources: Any, cuda_sources: Any = None, *a: Any, **kw: Any) -> Any:
+        functions = kw.get("functions") or []
+        functions = [functions] if isinstance(functions, str) else list(functions)
+        records.append(
+            {
+                "name": name,
+                "key": "emulated",
+                "cached": True,
+                "emulated": True,
+                "sources": cuda_sources or cpp_sources,
+                "seconds": 0.0,
+            }
+        )
+        return types.SimpleNamespace(**{f: getattr(module, f) for f in functions})
+
+    original = cpp_extension.load_inline
+    cpp_extension.load_inline = load_inline
+    try:
+        yield
+    finally:
+        cpp_extension.load_inline = original

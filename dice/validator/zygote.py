@@ -1,0 +1,242 @@
+"""The zygote: a process that has imported torch but never touched CUDA, and forks one runner per candidate.
+
+Why: candidate code must not run in the judge (the worker that holds the reference, draws the seeds,
+compares and times, and writes verdicts), and a runner must not be reused after candidate code ran in it
+(nothing proves what such code left behind: patched functions, threads, a memo of outputs). A fresh
+``python`` per candidate pays the torch import (~2-4 s) every time; a fork of this process pays ~10 ms,
+and then the runner's own CUDA start. CUDA is never initialised here: a forked CUDA context is unusable.
+
+``python -m dice.validator.zygote CONTROL_FD``: the judge (:class:`Zygote`) talks over a ``SOCK_SEQPACKET``
+socket: one JSON request per message, ``{"op": "spawn", "mode": ..., "args": {...}}`` with the runner's end
+of a fresh socket attached (``SCM_RIGHTS``), answered ``{"pid": N}``; ``{"op": "wait", "pid": N,
+"timeout": s}`` answered ``{"pid": N, "exited": bool, "code": int | None, "signal": int | None}``. The
+zygote is not dumpable (``PR_SET_DUMPABLE`` 0: no same-user ``ptrace`` or ``/proc/<pid>/mem`` write, so a
+runner cannot plant code in the zygote its successors are forked from), dies with the judge, and its
+stdout/stderr are the worker's log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PR_SET_DUMPABLE = 4
+MAX_MESSAGE = 1 << 20
+START_TIMEOUT_S = 180.0
+
+
+def not_dumpable() -> None:
+    """``prctl(PR_SET_DUMPABLE, 0)``: processes of the same user can no longer ptrace this one or write
+    its memory through ``/proc`` (and forks inherit it)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def _preload() -> None:
+    """What every runner needs, imported once here (no CUDA call)."""
+    import torch  # noqa: F401
+    import torch.nn.functional  # noqa: F401
+    import torch.profiler  # noqa: F401
+    import torch.utils.cpp_extension  # noqa: F401
+
+    with contextlib.suppress(ImportError):
+        import cupy  # noqa: F401
+
+    from dice.validator import builds, fastbuild, kbsetup, runner  # noqa: F401
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dice.validator.lifeline import die_with_parent
+
+    argv = sys.argv[1:] if argv is None else argv
+    owner = os.environ.get("DICE_ZYGOTE_OWNER", "")
+    die_with_parent(int(owner) if owner.isdigit() else None)
+    not_dumpable()
+    control = socket.socket(fileno=int(argv[0]))
+    try:
+        _preload()
+    except Exception as exc:  # noqa: BLE001 - told to the judge, which reports it in the verdict
+        control.send(json.dumps({"event": "fatal", "message": f"{type(exc).__name__}: {exc}"}).encode())
+        return 1
+    control.send(json.dumps({"event": "ready", "pid": os.getpid()}).encode())
+    exited: dict[int, int] = {}
+    while True:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(control, MAX_MESSAGE, 4)
+        except OSError:
+            return 0
+        if not data:
+            return 0  # the judge closed its end
+        _reap(exited)
+        request = json.loads(data)
+        if request.get("op") == "spawn":
+            reply = _spawn(control, request, fds)
+        elif request.get("op") == "wait":
+            reply = _wait(int(request["pid"]), float(request.get("timeout", 0)), exited)
+        else:
+            reply = {"error": f"unknown op {request.get('op')!r}"}
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        control.send(json.dumps(reply).encode())
+
+
+def _spawn(control: socket.socket, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+    if len(fds) != 1:
+        return {"error": "spawn needs exactly one socket"}
+    pid = os.fork()
+    if pid == 0:  # the runner
+        code = 1
+        try:
+            control.close()
+            os.setpgid(0, 0)  # its own group: the judge kills it and whatever it started, together
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            from dice.validator.lifeline import die_with_parent
+
+            die_with_parent(None)
+            from dice.validator.runner import serve
+
+            code = serve(fds[0], str(request.get("mode", "")), request.get("args") or {})
+        except BaseException:  # noqa: BLE001 - a runner never returns into the zygote's loop
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return {"pid": pid}
+
+
+def _reap(exited: dict[int, int]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        exited[pid] = status
+
+
+def _wait(pid: int, timeout: float, exited: dict[int, int]) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while pid not in exited:
+        try:
+            got, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return {"pid": pid, "exited": True, "code": None, "signal": None}
+        if got == pid:
+            exited[pid] = status
+            break
+        if time.monotonic() >= deadline:
+            return {"pid": pid, "exited": False, "code": None, "signal": None}
+        time.sleep(0.01)
+    status = exited.pop(pid)
+    return {
+        "pid": pid,
+        "exited": True,
+        "code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+    }
+
+
+class ZygoteError(RuntimeError):
+    """The zygote did not start or stopped answering."""
+
+
+class Zygote:
+    """Judge side: starts the zygote (lazily, again after it died) and asks it for runners."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._control: socket.socket | None = None
+        self.started_s: float | None = None
+
+    def _ensure(self) -> socket.socket:
+        if self._control is not None and self._proc is not None and self._proc.poll() is None:
+            return self._control
+        self.close()
+        start = time.perf_counter()
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = dict(os.environ, DICE_ZYGOTE_OWNER=str(os.getpid()))
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "dice.validator.zygote", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=str(Path.cwd()),
+            )
+        finally:
+            theirs.close()
+        self._control = mine
+        reply = self._receive(START_TIMEOUT_S)
+        if reply.get("event") != "ready":
+            self.close()
+            raise ZygoteError(f"the runner zygote failed to start: {reply.get('message', reply)}")
+        self.started_s = time.perf_counter() - start
+        return mine
+
+    def _receive(self, timeout: float) -> dict[str, Any]:
+        assert self._control is not None
+        self._control.settimeout(timeout)
+        try:
+            data = self._control.recv(MAX_MESSAGE)
+        except (OSError, TimeoutError) as exc:
+            self.close()
+            raise ZygoteError(f"the runner zygote stopped answering ({exc})") from None
+        if not data:
+            self.close()
+            raise ZygoteError("the runner zygote exited")
+        return json.loads(data)
+
+    def spawn(self, mode: str, args: dict[str, Any]) -> tuple[int, socket.socket]:
+        """A new runner in ``mode`` with ``args``: (its pid, the judge's end of its socket)."""
+        control = self._ensure()
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            socket.send_fds(
+                control, [json.dumps({"op": "spawn", "mode": mode, "args": args}).encode()], [theirs.fileno()]
+            )
+        except OSError as exc:
+            mine.close()
+            self.close()
+            raise ZygoteError(f"the runner zygote stopped answering ({exc})") from None
+        finally:
+            theirs.close()
+        reply = self._receive(30.0)
+        if "pid" not in reply:
+            mine.close()
+            raise ZygoteError(f"the runner zygote refused: {reply.get('error', reply)}")
+        return int(reply["pid"]), mine
+
+    def wait(self, pid: int, timeout: float = 0.0) -> dict[str, Any]:
+        """The runner's exit (``exited``, ``code``, ``signal``), waiting at most ``timeout`` seconds."""
+        control = self._ensure()
+        control.send(json.dumps({"op": "wait", "pid": pid, "timeout": timeout}).encode())
+        return self._receive(timeout + 30.0)
+
+    def close(self) -> None:
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=5)
+            self._proc = None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

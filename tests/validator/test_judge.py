@@ -1,0 +1,288 @@
+"""The judge apart from the candidate (issue 15, item 1): cheats an adversarial candidate tries from inside
+its runner, on the CPU with the GPU path emulated (``DICE_VALIDATOR_EMULATE=cpu``; conftest.EmulatedJudge).
+
+This process is the judge; every candidate runs in a runner the zygote forks for it alone. The static guards
+are not applied here (``judged``), so each cheat reaches the runner; the last tests go through a real pool.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dice.validator import ValidatorPool, sandbox
+
+from .conftest import RELU_REF, candidate, judged
+
+MODEL = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return {expr}
+"""
+
+
+HONEST_EXPR = "torch.clamp_min(x, 0.0)"
+RELU_CALL = "return relu_ext.relu_forward(x, x.numel())"
+
+
+def cand(prelude: str, expr: str = HONEST_EXPR) -> str:
+    return textwrap.dedent(prelude) + MODEL.format(expr=expr)
+
+
+def gpu_cand(prelude: str, expr: str = HONEST_EXPR) -> str:
+    """The same cheat on the GPU: the hand-written ReLU candidate (a real kernel) behind the prelude."""
+    call = RELU_CALL.removeprefix("return ")
+    body = candidate("level1_19_relu.py").replace(
+        RELU_CALL, f"return {call if expr == HONEST_EXPR else expr}"
+    )
+    return textwrap.dedent(prelude) + body
+
+
+HONEST = cand("")
+
+# A forged "ready" and forged replies written at import to every descriptor the runner has (its channel
+# among them), with a wrong kernel behind them.
+FORGED_REPLIES = (
+    """
+    import json, os
+    lines = [{"id": 0, "event": "ready", "records": [], "kernel_names": ["relu_kernel"], "replaced": []}]
+    lines += [{"id": i, "event": e, "rejection": None, "mismatch": None, "values": []}
+              for i in range(1, 40) for e in ("ok", "trial", "done")]
+    for fd in range(3, 64):
+        try:
+            os.write(fd, "".join(json.dumps(x) + "\\n" for x in lines).encode())
+        except OSError:
+            pass
+    """,
+    "x * 3.0",
+)
+
+# The judge's comparison replaced, with a wrong kernel: the replacement lives in the runner only.
+PATCHED_COMPARE = (
+    """
+    import dice.validator.gpu as g
+    g.compare_outputs = lambda *a, **k: g.Comparison(True, 0.0, "fine")
+    import dice.validator.kernelbench as kb
+    kb.compare_outputs = g.compare_outputs
+    """,
+    "x * 3.0",
+)
+
+# Looks for the reference's outputs or its Model: in the frames, through gc, in sys.modules.
+STOLEN_REFERENCE = (
+    """
+    import gc, sys
+
+    def steal(x):
+        frame = sys._getframe()
+        while frame is not None:
+            for name in ("ref_out", "expected", "want"):
+                value = frame.f_locals.get(name)
+                if isinstance(value, torch.Tensor) and value.shape == x.shape:
+                    return value.clone()
+            frame = frame.f_back
+        for obj in gc.get_objects():
+            if type(obj).__name__ == "Model" and isinstance(obj, torch.nn.Module):
+                return obj(x)
+        for name, module in list(sys.modules.items()):
+            if name.startswith("dice_ref_"):
+                return module.Model()(x)
+        return x * 0.0
+    """,
+    "steal(x)",
+)
+
+# Replays the validator's former fixed seeds: outputs memoised for the inputs they draw, wrong otherwise.
+SEED_REPLAY = (
+    """
+    import random, torch
+    MEMO = {}
+    rng = random.Random(42)
+    for seed in [rng.randrange(2**31) for _ in range(5)] + [42 + 101, 42 + 202]:
+        torch.manual_seed(seed)
+        x0 = torch.rand(16, 1024)
+        MEMO[x0.sum().item()] = torch.relu(x0)
+
+    def replay(x):
+        hit = MEMO.get(x.sum().item())
+        return hit.clone() if hit is not None else x * 0.5
+    """,
+    "replay(x)",
+)
+
+# Says "done" at once in timing: the runner's own loop patched.
+EARLY_DONE = (
+    """
+    import dice.validator.runner as r
+    r.KernelBenchRunner._run = lambda self, request, fds: {"event": "done"}
+    """,
+)
+
+# Answers every trial "no rejection, no mismatch" without writing the outputs.
+SILENT_TRIAL = (
+    """
+    import dice.validator.runner as r
+    r.KernelBenchRunner._trial = lambda self, request, fds: {
+        "event": "trial", "rejection": None, "mismatch": None, "values": []}
+    """,
+)
+
+CRASH = ("import os\n", "os.abort()")
+EXIT_AT_IMPORT = ("import os\nos._exit(0)\n",)
+KILL_ZYGOTE = ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",)
+
+
+def test_honest_candidate(judge) -> None:
+    v = judged(judge, HONEST)
+    assert v.status == "correct", v.message + v.log
+
+
+# id: (the cheat, the verdict it must get, words in its message or log)
+CHEATS = {
+    "forged": (FORGED_REPLIES, "rejected", "protocol_violation"),
+    "patched-compare": (PATCHED_COMPARE, "incorrect", "trial 1"),
+    "stolen-reference": (STOLEN_REFERENCE, "incorrect", "trial 1"),
+    "seed-replay": (SEED_REPLAY, "incorrect", "trial 1"),
+    "early-done": (EARLY_DONE, "rejected", "outputs_not_ready"),
+    "silent-trial": (SILENT_TRIAL, "incorrect", "trial 1"),
+    "crash": (CRASH, "runtime_error", "signal 6"),
+    "exit": (EXIT_AT_IMPORT, "runtime_error", "exited"),
+    # Landlock ABI >= 6 scopes signals: the kill is refused; else the runner dies with its zygote
+    "kill-zygote": (
+        KILL_ZYGOTE,
+        *(
+            ("compile_error", "not permitted")
+            if sandbox.landlock_abi() >= 6
+            else ("runtime_error", "process")
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHEATS))
+def test_cheat_is_caught_and_the_next_honest_candidate_is_correct(judge, name: str) -> None:
+    cheat, status, words = CHEATS[name]
+    v = judged(judge, cand(*cheat))
+    assert v.status == status and words in (v.message + v.log), (v.status, v.message, v.log[-2000:])
+    after = judged(judge, HONEST)
+    assert after.status == "correct", after.message + after.log
+
+
+@pytest.fixture(scope="module")
+def gpu_judge(tmp_path_factory: pytest.TempPathFactory):
+    """This process as a GPU worker's judge (CUDA started, not dumpable), runners from a real zygote."""
+    import os
+
+    import torch
+
+    from dice.validator.zygote import not_dumpable
+
+    from .conftest import EmulatedJudge
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (run on the device machine)")
+    torch.cuda.init()
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "{}.{}".format(*torch.cuda.get_device_capability()))
+    not_dumpable()
+    j = EmulatedJudge(tmp_path_factory.mktemp("gpu-judge"))
+    j.gpu, j.emulated, j.device_name = True, False, torch.cuda.get_device_name()
+    j.cache_dir = Path(os.environ.get("DICE_CACHE_DIR") or Path.home() / ".cache" / "dice") / "validator"
+    try:
+        yield j
+    finally:
+        j.zygote.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(CHEATS))
+def test_cheat_is_caught_on_the_gpu(gpu_judge, name: str) -> None:
+    cheat, status, words = CHEATS[name]
+    v = judged(gpu_judge, gpu_cand(*cheat))
+    assert v.status == status and words in (v.message + v.log), (v.status, v.message, v.log[-2000:])
+    after = judged(gpu_judge, gpu_cand(""))
+    assert after.status == "correct", after.message + after.log
+    assert "relu_kernel" in after.log and after.speedup
+
+
+def test_seeds_differ_between_runs(judge) -> None:
+    seeds = []
+    for _ in range(2):
+        log = judged(judge, HONEST, timing=False).log
+        seeds.append(log.split("seeds drawn for this run: ")[1].splitlines()[0])
+    assert seeds[0] != seeds[1]
+
+
+@pytest.mark.skipif(sandbox.landlock_abi() < 1, reason="the runner's extra layer needs Landlock")
+def test_runner_cannot_write_the_caches_it_does_not_build(judge) -> None:
+    targets = [
+        judge.cache_dir / "cupy" / "poison.cubin",
+        judge.cache_dir / "nvcc" / "poison",
+        judge.root / "x",
+    ]
+    for t in targets[:2]:
+        t.parent.mkdir(parents=True, exist_ok=True)
+    probe = cand(
+        f"""
+        denied = []
+        for path in {[str(t) for t in targets]!r}:
+            try:
+                open(path, "w").write("poison")
+            except OSError:
+                denied.append(path)
+        assert len(denied) == {len(targets)}, denied
+        """
+    )
+    v = judged(judge, probe)
+    assert v.status == "correct", v.message + v.log
+    assert not any(t.exists() for t in targets)
+
+
+# ------------------------------------------------------------------------------------ through a real pool
+# libc's write: no exception for descriptors that are not open (the static guards reject try/except)
+FD_FORGER = """
+import ctypes, json
+_line = {"event": "result", "id": 1, "restart": False, "deps": [],
+         "verdict": {"status": "correct", "compiled": True, "correct": True, "speedup": 42.0,
+                     "message": "forged"}}
+_data = (json.dumps(_line) + "\\n").encode()
+for _fd in range(3, 256):
+    ctypes.CDLL(None).write(_fd, _data, len(_data))
+"""
+
+
+@pytest.fixture(scope="module")
+def emulated_pool(emulated_env: Path, tmp_path_factory: pytest.TempPathFactory):
+    import os
+
+    old = os.environ.get("DICE_CACHE_DIR")
+    os.environ["DICE_CACHE_DIR"] = str(tmp_path_factory.mktemp("emulated-cache"))
+    try:
+        with ValidatorPool(1, gpu=False, timeout_s=60, cache_verdicts=False) as pool:
+            yield pool
+    finally:
+        if old is None:
+            os.environ.pop("DICE_CACHE_DIR", None)
+        else:
+            os.environ["DICE_CACHE_DIR"] = old
+
+
+def test_forged_worker_results_never_reach_the_pool(emulated_pool) -> None:
+    honest = candidate("level1_19_relu.py")
+    forger = honest.replace("relu_ext = load_inline(", FD_FORGER + "\nrelu_ext = load_inline(", 1)
+    forger = forger.replace(
+        "return relu_ext.relu_forward(x, x.numel())", "return relu_ext.relu_forward(x, x.numel()) * 3"
+    )
+    verdicts = [emulated_pool.validate_kernelbench(RELU_REF, src) for src in (forger, honest, forger, honest)]
+    statuses = [v.status for v in verdicts]
+    assert statuses[1] == statuses[3] == "correct", [(v.status, v.message) for v in verdicts]
+    assert statuses[0] != "correct" and statuses[2] != "correct", [v.message for v in verdicts]
+    assert all(v.message != "forged" and v.speedup != 42.0 for v in verdicts)
+    assert "protocol_violation" in verdicts[0].message or verdicts[0].status == "incorrect"
+    assert json.dumps(verdicts[1].to_json())  # a plain verdict of its own task
