@@ -49,6 +49,8 @@ def main() -> int:
     from dice.validator.zygote import not_dumpable
 
     gpu = torch.cuda.is_available() and not args.smoke_cpu
+    if gpu:
+        torch.cuda.init()  # before not_dumpable, as a worker does
     if args.variant == "default":
         not_dumpable()
     else:
@@ -58,7 +60,6 @@ def main() -> int:
     ctx.gpu, ctx.emulated = gpu, not gpu
     ctx.cache_dir = Path(os.environ["DICE_CACHE_DIR"]) / "validator"
     if gpu:
-        torch.cuda.init()
         ctx.device_name = torch.cuda.get_device_name()
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "{}.{}".format(*torch.cuda.get_device_capability()))
     honest = candidate("level1_19_relu.py")
@@ -80,7 +81,7 @@ def main() -> int:
                 "seconds": time.perf_counter() - t0,
                 "status": verdict.status,
                 "message": verdict.message,
-                "ready_s": _number(r"runner ready \(fork, CUDA, import, construction\) ([\d.]+) s", verdict.log),
+                "ready_s": _number(r"runner ready \([^)]*\) ([\d.]+) s", verdict.log),
                 "launch_s": _number(r"one profiled forward in the runner, ([\d.]+) s", verdict.log),
                 "variant": args.variant,
                 "device": ctx.device_name,

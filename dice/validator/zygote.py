@@ -34,11 +34,26 @@ MAX_MESSAGE = 1 << 20
 START_TIMEOUT_S = 180.0
 
 
-def not_dumpable() -> None:
+def not_dumpable(dumpable: bool = False) -> None:
     """``prctl(PR_SET_DUMPABLE, 0)``: processes of the same user can no longer ptrace this one or write
-    its memory through ``/proc`` (and forks inherit it)."""
+    its memory through ``/proc`` (and forks inherit it). CUDA cannot start in such a process
+    (``cudaGetDeviceCount``: error 304, seen on the H200): the worker calls this after its CUDA start, a
+    runner sets itself dumpable again before its own (its Landlock layer keeps it from reaching out)."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0)
+
+
+def _fork_is_clean() -> bool:
+    """Whether a child forked now can start CUDA: torch marks forks "bad" once this process asked CUDA
+    anything (``torch.cuda.is_available()`` does, in ``torch.utils.cpp_extension``'s import, unless
+    ``PYTORCH_NVML_BASED_CUDA_CHECK=1``, which the judge sets for the zygote)."""
+    pid = os.fork()
+    if pid == 0:
+        import torch
+
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
 def _preload() -> None:
@@ -64,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     control = socket.socket(fileno=int(argv[0]))
     try:
         _preload()
+        if not _fork_is_clean():
+            raise RuntimeError("CUDA was asked something in the zygote: its runners could not start CUDA")
     except Exception as exc:  # noqa: BLE001 - told to the judge, which reports it in the verdict
         control.send(json.dumps({"event": "fatal", "message": f"{type(exc).__name__}: {exc}"}).encode())
         return 1
@@ -103,6 +120,7 @@ def _spawn(control: socket.socket, request: dict[str, Any], fds: list[int]) -> d
             from dice.validator.lifeline import die_with_parent
 
             die_with_parent(None)
+            not_dumpable(True)  # CUDA does not start otherwise (see not_dumpable)
             from dice.validator.runner import serve
 
             code = serve(fds[0], str(request.get("mode", "")), request.get("args") or {})
@@ -168,7 +186,8 @@ class Zygote:
         self.close()
         start = time.perf_counter()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = dict(os.environ, DICE_ZYGOTE_OWNER=str(os.getpid()))
+        # NVML for torch.cuda.is_available(): the runtime's cudaGetDeviceCount would mark every fork bad
+        env = dict(os.environ, DICE_ZYGOTE_OWNER=str(os.getpid()), PYTORCH_NVML_BASED_CUDA_CHECK="1")
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "dice.validator.zygote", str(theirs.fileno())],
