@@ -76,6 +76,7 @@ def serve(fd: int, mode: str, args: dict[str, Any]) -> int:
     try:
         _confine(args)
         if mode == "prebuild":
+            _landlock(args)
             return _prebuild(channel, args)
         if mode == "kernelbench":
             return KernelBenchRunner(channel, args).serve()
@@ -89,16 +90,20 @@ def serve(fd: int, mode: str, args: dict[str, Any]) -> int:
 
 
 def _confine(args: dict[str, Any]) -> None:
-    """Before any candidate code: a private task folder, HOME, TMPDIR and CuPy cache; Landlock on top of
-    the worker's sandbox where available (writes only to the task folder and the extension build cache)."""
-    from dice.validator.sandbox import apply_landlock, landlock_abi
-
+    """Before any candidate code: a private task folder, HOME, TMPDIR and CuPy cache."""
     task_dir = Path(args["task_dir"])
     (task_dir / "tmp").mkdir(parents=True, exist_ok=True)
     os.environ.update(HOME=str(task_dir), TMPDIR=str(task_dir / "tmp"), CUPY_CACHE_DIR=str(task_dir / "cupy"))
     os.chdir(task_dir)
+
+
+def _landlock(args: dict[str, Any]) -> None:
+    """Landlock on top of the worker's sandbox where available: writes only to the task folder and the
+    extension build cache. Applied after CUDA started in the runner and before the candidate is imported."""
+    from dice.validator.sandbox import apply_landlock, landlock_abi
+
     if args.get("landlock") and landlock_abi() > 0:
-        apply_landlock([Path(p) for p in args.get("writable") or []] + [task_dir])
+        apply_landlock([Path(p) for p in args.get("writable") or []] + [Path(args["task_dir"])])
 
 
 def _error(request_id: int, status: str, message: str, log: str = "") -> dict[str, Any]:
@@ -185,7 +190,10 @@ class KernelBenchRunner:
         if self.device.type == "cuda":
             torch.cuda.init()
             torch.cuda.set_device(self.device)
-            import torch.profiler  # noqa: F401 - before the snapshot, as the candidate's import may use it
+        _landlock(self.args)
+        import torch._dynamo  # noqa: F401 - its import wraps torch.manual_seed: before the snapshot
+        import torch.profiler  # noqa: F401 - before the snapshot, as the candidate's import may use it
+        import torch.utils.cpp_extension  # noqa: F401
 
         integrity = Integrity()
         self.integrity = integrity

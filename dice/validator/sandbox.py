@@ -326,8 +326,8 @@ def _check(result: int, what: str) -> int:
 
 def apply_landlock(writable: Iterable[Path]) -> int:
     """Restrict this process (and what it starts) for good: writes only beneath ``writable`` (and device
-    files, ``/dev/shm``), no TCP (ABI >= 4), no signals or abstract sockets outside (ABI >= 6). Returns the
-    ABI used; raises ``OSError`` where Landlock is missing."""
+    files, ``/dev/shm``, ``/proc`` files), no TCP (ABI >= 4), no signals or abstract sockets outside
+    (ABI >= 6). Returns the ABI used; raises ``OSError`` where Landlock is missing."""
     abi = landlock_abi()
     if abi < 1:
         raise OSError("Landlock is not available in this kernel")
@@ -342,9 +342,13 @@ def apply_landlock(writable: Iterable[Path]) -> int:
     )
     try:
         device_writes = _FS_WRITE_FILE | (_FS_TRUNCATE if abi >= 3 else 0)
+        # /proc: cuInit writes /proc/<pid>/task/<tid>/comm (thread names) and fails with error 304 without
+        # it (seen on the H200). Writing another process's /proc entries still needs ptrace access, which
+        # Landlock denies outside the domain; /proc/sys needs root.
         rules = [(Path(p), writes) for p in writable] + [
             (Path("/dev"), device_writes),
             (Path("/dev/shm"), writes),
+            (Path("/proc"), device_writes),
         ]
         for path, allowed in rules:
             try:

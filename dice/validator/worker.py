@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.enable(all_threads=True)
     try:
         isolation = confine_self()  # before any task (and before torch, CUDA, NVRTC start)
-        ctx = WorkerContext(out)  # CUDA starts here, in a GPU worker
-        not_dumpable()  # then no same-user ptrace or /proc/<pid>/mem: a runner cannot reach into the judge
+        ctx = WorkerContext(out)  # CUDA starts here in a GPU worker, before the process turns undumpable
+        not_dumpable()  # no same-user ptrace or /proc/<pid>/mem: a runner cannot reach into the judge
     except Exception as exc:  # noqa: BLE001 - reported to the pool, which gives up on this slot
         out.write(json.dumps({"event": "fatal", "message": f"{type(exc).__name__}: {exc}"}) + "\n")
         out.flush()
