@@ -46,7 +46,7 @@ def main() -> int:
 
     from dice.validator import judge as judge_module
     from dice.validator import kernelbench
-    from dice.validator.zygote import not_dumpable
+    from dice.validator.zygote_client import not_dumpable
 
     gpu = torch.cuda.is_available() and not args.smoke_cpu
     if gpu:

@@ -113,7 +113,7 @@ class WorkerContext:
     def zygote(self) -> Any:
         """The runner zygote (:mod:`dice.validator.zygote`), started on first use and after it died."""
         if self._zygote is None:
-            from dice.validator.zygote import Zygote
+            from dice.validator.zygote_client import Zygote
 
             self._zygote = Zygote()
         return self._zygote

@@ -115,7 +115,7 @@ def _run_judged(
     import torch
 
     from dice.validator.judge import ProtocolViolation, RunnerFailed, RunnerProcess, Session, runner_verdict
-    from dice.validator.zygote import ZygoteError
+    from dice.validator.zygote_client import ZygoteError
 
     device = torch.device("cuda", torch.cuda.current_device()) if ctx.gpu else torch.device("cpu")
     task_dir = ctx.task_dir()

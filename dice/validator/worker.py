@@ -39,7 +39,7 @@ from dice.validator.limits import NVRTC
 from dice.validator.sandbox import confine_self
 from dice.validator.spec_files import dependency_file_stamps
 from dice.validator.verdict import Verdict, error_verdict
-from dice.validator.zygote import not_dumpable
+from dice.validator.zygote_client import not_dumpable
 
 
 def _run_task(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, bool]:

@@ -18,29 +18,15 @@ stdout/stderr are the worker's log.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-PR_SET_DUMPABLE = 4
-MAX_MESSAGE = 1 << 20
-START_TIMEOUT_S = 180.0
-
-
-def not_dumpable(dumpable: bool = False) -> None:
-    """``prctl(PR_SET_DUMPABLE, 0)``: processes of the same user can no longer ptrace this one or write
-    its memory through ``/proc`` (and forks inherit it). CUDA cannot start in such a process
-    (``cudaGetDeviceCount``: error 304, seen on the H200): the worker calls this after its CUDA start, a
-    runner sets itself dumpable again before its own (its Landlock layer keeps it from reaching out)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0)
+from dice.validator.zygote_client import MAX_MESSAGE, not_dumpable
 
 
 def _fork_is_clean() -> bool:
@@ -166,95 +152,6 @@ def _wait(pid: int, timeout: float, exited: dict[int, int]) -> dict[str, Any]:
         "code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
         "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
     }
-
-
-class ZygoteError(RuntimeError):
-    """The zygote did not start or stopped answering."""
-
-
-class Zygote:
-    """Judge side: starts the zygote (lazily, again after it died) and asks it for runners."""
-
-    def __init__(self) -> None:
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._control: socket.socket | None = None
-        self.started_s: float | None = None
-
-    def _ensure(self) -> socket.socket:
-        if self._control is not None and self._proc is not None and self._proc.poll() is None:
-            return self._control
-        self.close()
-        start = time.perf_counter()
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # NVML for torch.cuda.is_available(): the runtime's cudaGetDeviceCount would mark every fork bad
-        env = dict(os.environ, DICE_ZYGOTE_OWNER=str(os.getpid()), PYTORCH_NVML_BASED_CUDA_CHECK="1")
-        try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "dice.validator.zygote", str(theirs.fileno())],
-                pass_fds=[theirs.fileno()],
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=str(Path.cwd()),
-            )
-        finally:
-            theirs.close()
-        self._control = mine
-        reply = self._receive(START_TIMEOUT_S)
-        if reply.get("event") != "ready":
-            self.close()
-            raise ZygoteError(f"the runner zygote failed to start: {reply.get('message', reply)}")
-        self.started_s = time.perf_counter() - start
-        return mine
-
-    def _receive(self, timeout: float) -> dict[str, Any]:
-        assert self._control is not None
-        self._control.settimeout(timeout)
-        try:
-            data = self._control.recv(MAX_MESSAGE)
-        except (OSError, TimeoutError) as exc:
-            self.close()
-            raise ZygoteError(f"the runner zygote stopped answering ({exc})") from None
-        if not data:
-            self.close()
-            raise ZygoteError("the runner zygote exited")
-        return json.loads(data)
-
-    def spawn(self, mode: str, args: dict[str, Any]) -> tuple[int, socket.socket]:
-        """A new runner in ``mode`` with ``args``: (its pid, the judge's end of its socket)."""
-        control = self._ensure()
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            socket.send_fds(
-                control, [json.dumps({"op": "spawn", "mode": mode, "args": args}).encode()], [theirs.fileno()]
-            )
-        except OSError as exc:
-            mine.close()
-            self.close()
-            raise ZygoteError(f"the runner zygote stopped answering ({exc})") from None
-        finally:
-            theirs.close()
-        reply = self._receive(30.0)
-        if "pid" not in reply:
-            mine.close()
-            raise ZygoteError(f"the runner zygote refused: {reply.get('error', reply)}")
-        return int(reply["pid"]), mine
-
-    def wait(self, pid: int, timeout: float = 0.0) -> dict[str, Any]:
-        """The runner's exit (``exited``, ``code``, ``signal``), waiting at most ``timeout`` seconds."""
-        control = self._ensure()
-        control.send(json.dumps({"op": "wait", "pid": pid, "timeout": timeout}).encode())
-        return self._receive(timeout + 30.0)
-
-    def close(self) -> None:
-        if self._control is not None:
-            self._control.close()
-            self._control = None
-        if self._proc is not None:
-            if self._proc.poll() is None:
-                self._proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=5)
-            self._proc = None
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ class EmulatedJudge:
     process is the judge, its runners are forked by a real zygote."""
 
     def __init__(self, root: Path) -> None:
-        from dice.validator.zygote import Zygote
+        from dice.validator.zygote_client import Zygote
 
         self.gpu, self.emulated = False, True
         self.device_name = "CPU (the GPU path emulated)"

@@ -134,7 +134,7 @@ def test_warm_revalidation_reuses_the_build(
 ) -> None:
     start = time.perf_counter()
     v = pool.validate_kernelbench(references[19], candidate("level1_19_relu.py"), timing=False)
-    assert v.status == "correct"
+    assert v.status == "correct", v.to_json()
     assert "(cached" in v.log
     assert time.perf_counter() - start < 30
 

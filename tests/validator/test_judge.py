@@ -182,7 +182,7 @@ def gpu_judge(tmp_path_factory: pytest.TempPathFactory):
 
     import torch
 
-    from dice.validator.zygote import not_dumpable
+    from dice.validator.zygote_client import not_dumpable
 
     from .conftest import EmulatedJudge
 
