@@ -97,14 +97,8 @@ class WorkerContext:
             self.device_name = torch.cuda.get_device_name()
             # One architecture only: load_inline otherwise builds for every arch it knows.
             os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")
-            import torch.profiler
             import torch.utils.cpp_extension  # noqa: F401 - imported before the integrity snapshot
-
-            # CUPTI's first start costs seconds; pay it here, in parallel with other workers, not under the
-            # GPU lock during the kernel-launch check.
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
-                torch.ones(1, device="cuda").add_(1)
-                torch.cuda.synchronize()
+            # (no CUPTI warm-up here: the kernel-launch check profiles in the candidate's runner)
         if self.emulated:
             self.device_name = "CPU (the GPU path emulated)"
         self.integrity = Integrity()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -123,20 +122,6 @@ def time_cuda(
         min_ms=min(times),
         trials=trials,
     )
-
-
-def host_synchronized_ms(fn: Callable[..., Any], args: Sequence[Any], *, repeats: int = 10) -> float:
-    """Median wall time of one call between device-wide synchronisations: includes work on any stream."""
-    import torch
-
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn(*args)
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def flatten(obj: Any) -> list[Any]:

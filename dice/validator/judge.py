@@ -94,7 +94,7 @@ class RunnerProcess:
             raise ProtocolViolation(f"a reply for request {got!r} where {request_id} was asked")
         if reply.get("event") == "error":
             raise RunnerFailed(
-                str(reply.get("status") if reply.get("status") in ("compile_error",) else "runtime_error"),
+                "compile_error" if reply.get("status") == "compile_error" else "runtime_error",
                 str(reply.get("message", ""))[:2000],
                 str(reply.get("log", ""))[-20000:],
                 reply.get("records") if isinstance(reply.get("records"), list) else None,
@@ -119,11 +119,10 @@ class RunnerProcess:
     def _death(self) -> str:
         status = self.zygote.wait(self.pid, 5.0)
         if status.get("signal"):
-            name = (
-                signal.Signals(status["signal"]).name
-                if status["signal"] in signal.Signals._value2member_map_
-                else ""
-            )
+            try:
+                name = signal.Signals(status["signal"]).name
+            except ValueError:
+                name = ""
             return f"the candidate's process was killed by signal {status['signal']} {name}".strip()
         if status.get("exited"):
             return f"the candidate's process exited (code {status.get('code')})"

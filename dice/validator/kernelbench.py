@@ -24,7 +24,6 @@ on the CPU, ``load_inline`` in the runner served by the stand-ins of ``DICE_EMUL
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 import traceback
@@ -398,32 +397,3 @@ def _fits(device: Any, input_bytes: int) -> bool:
         return True
     free, _ = torch.cuda.mem_get_info()
     return input_bytes * 3 < free * 0.3
-
-
-def launched_kernels(
-    model_new: Any, inputs: list[Any], kernel_names: list[str]
-) -> tuple[float, float, set[str]] | None:
-    """(custom kernel time, total kernel time, kernel names) of one profiled forward, or None without data."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        model_new(*inputs)
-        torch.cuda.synchronize()
-    patterns = [re.compile(rf"(?<![\w]){re.escape(n)}(?![\w])") for n in kernel_names]
-    ours = total = 0.0
-    names: set[str] = set()
-    for event in prof.events():
-        if getattr(event, "device_type", None) != torch.autograd.DeviceType.CUDA:
-            continue
-        if event.name.startswith(("Memcpy", "Memset", "cudaMemcpy", "cudaMemset")):
-            continue
-        duration = float(event.time_range.elapsed_us())
-        names.add(event.name.split("(")[0][:80])
-        total += duration
-        if any(p.search(event.name) for p in patterns):
-            ours += max(duration, 1e-3)
-    if not names:
-        return None
-    return ours, total, names

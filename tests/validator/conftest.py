@@ -85,20 +85,12 @@ class EmulatedJudge:
 def emulated_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """``DICE_VALIDATOR_EMULATE=cpu`` with the stand-ins above, for one module's pools and judges (set
     for longer, it would turn the compile-only pools of other modules into emulated ones)."""
-    import os
-
     folder = tmp_path_factory.mktemp("emulated")
     (folder / "standins.py").write_text(STANDINS)
-    saved = {k: os.environ.get(k) for k in ("DICE_VALIDATOR_EMULATE", "DICE_EMULATED_EXTENSIONS")}
-    os.environ.update(DICE_VALIDATOR_EMULATE="cpu", DICE_EMULATED_EXTENSIONS=str(folder / "standins.py"))
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DICE_VALIDATOR_EMULATE", "cpu")
+        env.setenv("DICE_EMULATED_EXTENSIONS", str(folder / "standins.py"))
         yield folder
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @pytest.fixture(scope="module")
@@ -127,18 +119,10 @@ def candidate(name: str) -> str:
 @pytest.fixture(scope="session")
 def cpu_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ValidatorPool]:
     """A compile-only pool (no GPU) with its own build cache."""
-    import os
-
-    old = os.environ.get("DICE_CACHE_DIR")
-    os.environ["DICE_CACHE_DIR"] = str(tmp_path_factory.mktemp("dice-cache"))
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DICE_CACHE_DIR", str(tmp_path_factory.mktemp("dice-cache")))
         with ValidatorPool(2, gpu=False, timeout_s=30) as pool:
             yield pool
-    finally:
-        if old is None:
-            os.environ.pop("DICE_CACHE_DIR", None)
-        else:
-            os.environ["DICE_CACHE_DIR"] = old
 
 
 def copy_realproj(source: Path, dest: Path) -> Path:

@@ -259,18 +259,10 @@ for _fd in range(3, 256):
 
 @pytest.fixture(scope="module")
 def emulated_pool(emulated_env: Path, tmp_path_factory: pytest.TempPathFactory):
-    import os
-
-    old = os.environ.get("DICE_CACHE_DIR")
-    os.environ["DICE_CACHE_DIR"] = str(tmp_path_factory.mktemp("emulated-cache"))
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DICE_CACHE_DIR", str(tmp_path_factory.mktemp("emulated-cache")))
         with ValidatorPool(1, gpu=False, timeout_s=60, cache_verdicts=False) as pool:
             yield pool
-    finally:
-        if old is None:
-            os.environ.pop("DICE_CACHE_DIR", None)
-        else:
-            os.environ["DICE_CACHE_DIR"] = old
 
 
 def test_forged_worker_results_never_reach_the_pool(emulated_pool) -> None:
