@@ -81,7 +81,8 @@ def main() -> int:
                 "seconds": time.perf_counter() - t0,
                 "status": verdict.status,
                 "message": verdict.message,
-                "ready_s": _number(r"runner ready \([^)]*\) ([\d.]+) s", verdict.log),
+                "ready_s": _number(r"runner ready ([\d.]+) s", verdict.log),
+                "ready_phases": _phases(verdict.log),
                 "launch_s": _number(r"one profiled forward in the runner, ([\d.]+) s", verdict.log),
                 "variant": args.variant,
                 "device": ctx.device_name,
@@ -96,6 +97,13 @@ def main() -> int:
                 print(verdict.log[-3000:], flush=True)
     ctx.zygote.close()
     return 0 if all(r.get("status", "correct") == "correct" for r in rows) else 1
+
+
+def _phases(text: str) -> dict[str, float]:
+    """The runner's own split of its start (``cuda 0.41, sandbox 0.01, ...`` in the log)."""
+    match = re.search(r"after the fork: ([^)]*)\)", text or "")
+    pairs = (item.rsplit(" ", 1) for item in (match.group(1).split(", ") if match else []))
+    return {k: float(v) for k, v in pairs if v.replace(".", "", 1).isdigit()}
 
 
 def _number(pattern: str, text: str) -> float | None:

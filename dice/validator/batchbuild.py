@@ -18,9 +18,15 @@ task (an RL group) parse them N times. Here:
    undefined symbol shows now). A compile or import error is blamed on the calls its messages name; those
    leave the batch and the rest is built again; an error that names none splits the batch in halves. A call
    that fails alone is left to its own build, which gives its verdict its own error message;
-4. **record** ``<cache>/torch_ext/<key>/dice_batch.json`` for every call served: ``load_inline`` of that key
-   (:func:`dice.validator.builds.cached_load_inline`) then returns a module holding exactly its functions
-   from the combined ``.so`` (a cache hit, well under a second).
+4. **record** ``<cache>/torch_ext/<key>/dice_batch.json`` for every call served, with the combined ``.so``'s
+   SHA-256: ``load_inline`` of that key (:func:`dice.validator.builds.cached_load_inline`) then returns a
+   module holding exactly its functions from the combined ``.so`` (a cache hit, well under a second).
+
+In the pool, step 1 runs in a runner (it imports candidates; :func:`run_prebuild`), which sends the calls
+as plain data; steps 2-4 run in the builder (:mod:`dice.validator.builder`), the one process that writes
+the cache, which computes every key again from the calls it got and never imports what it built: the
+import check of step 3 runs in a child confined to a scratch folder (:func:`_import_check`), whose
+answer can only keep calls out of a batch. :func:`prebuild` runs all four in one process (tests).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,6 +82,33 @@ class Call:
     lock: contextlib.ExitStack | None = field(default=None, repr=False)  # its key's lock while building
 
 
+def call_to_json(call: Call) -> dict[str, Any] | None:
+    """A discovered call as plain data for the builder (None when its arguments are not plain data)."""
+    try:
+        text = json.dumps(
+            {
+                "candidate": call.candidate,
+                "name": call.name,
+                "cpp_sources": call.cpp_sources,
+                "cuda_sources": call.cuda_sources,
+                "args": list(call.args),
+                "kwargs": call.kwargs,
+            }
+        )
+    except (TypeError, ValueError):
+        return None
+    return json.loads(text)
+
+
+def call_from_json(data: dict[str, Any]) -> Call:
+    """A call the discovery runner sent; its key computed here from the call itself."""
+    args, kwargs = tuple(data.get("args") or []), dict(data.get("kwargs") or {})
+    name, cpp, cuda = str(data["name"]), data.get("cpp_sources"), data.get("cuda_sources")
+    return Call(
+        int(data["candidate"]), name, cpp, cuda, args, kwargs, extension_key(name, cpp, cuda, args, kwargs)
+    )
+
+
 class _Placeholder:
     """What ``load_inline`` returns during discovery: attributes and calls of it give more placeholders."""
 
@@ -93,40 +127,43 @@ class _FileLoad(Exception):
 
 def run_prebuild(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, bool]:
     """The ``kb_prebuild`` task: the report as the verdict's message (JSON). Discovery imports the
-    candidates, so the whole prebuild runs in a runner of its own (:mod:`dice.validator.runner`), never in
-    this worker; a runner that fails or sends anything but its report gives a ``runtime_error``."""
-    from dice.validator.judge import ProtocolViolation, RunnerFailed, RunnerProcess, runner_args
+    candidates, so it runs in a runner of its own (:mod:`dice.validator.runner`), never in this worker;
+    the calls it sends are built by the builder (:mod:`dice.validator.builder`). A runner or builder that
+    fails or sends anything but what was asked gives a ``runtime_error``."""
+    from dice.validator.judge import ProtocolViolation, RunnerFailed, RunnerProcess, builder_args, runner_args
 
     ctx.phase("build")
+    cand_srcs = list(task.get("cand_srcs") or [])
     args = runner_args(ctx, ctx.task_dir())
-    args.update(cand_srcs=list(task.get("cand_srcs") or []), ref_srcs=task.get("ref_srcs"))
-    runner = None
+    args.update(cand_srcs=cand_srcs, ref_srcs=task.get("ref_srcs"))
+    runner = builder = None
     try:
         runner = RunnerProcess(ctx.zygote, "prebuild", args)
-        report = runner.receive(0, "prebuilt").get("report")
+        found = runner.receive(0, "discovered")
+        runner.close()
+        runner = None
+        calls, problems = found.get("calls"), found.get("problems")
+        if not isinstance(calls, list) or not isinstance(problems, dict):
+            raise ProtocolViolation("a discovery report that is not a list of calls")
+        build = builder_args(ctx, ctx.task_dir())
+        build.update(calls=calls, problems=problems, candidates=len(cand_srcs))
+        builder = RunnerProcess(ctx.zygote, "prebuild", build, role="builder")
+        report = builder.receive(0, "prebuilt").get("report")
     except (RunnerFailed, ProtocolViolation) as exc:
         return Verdict("runtime_error", False, message=f"the batched build failed: {exc}"), False
     finally:
-        if runner is not None:
-            runner.close()
+        for process in (runner, builder):
+            if process is not None:
+                process.close()
     if not isinstance(report, dict):
         return Verdict("runtime_error", False, message="the batched build sent no report"), False
     return Verdict("compiled", True, message=json.dumps(report)), False
 
 
-def prebuild(
-    cache_root: Path,
-    workdir: Path,
-    cand_srcs: list[str],
-    *,
-    ref_srcs: list[str | None] | None = None,
-    max_batch: int = MAX_BATCH,
-) -> dict[str, Any]:
-    """Discover, group, build and record (the module's steps 1-4). The report: per candidate its status
-    (``batched`` / ``cached`` / ``alone`` / ``failed``), why, and the seconds until its extension was
-    ready; the combined builds."""
-    started = time.perf_counter()
-    report: dict[str, Any] = {"candidates": [], "builds": []}
+def discover_all(
+    workdir: Path, cand_srcs: list[str], ref_srcs: list[str | None] | None = None
+) -> tuple[list[Call], dict[int, str]]:
+    """Step 1 for every candidate: the calls, and why a candidate has none to batch."""
     calls: list[Call] = []
     problems: dict[int, str] = {}
     refs = list(ref_srcs or []) + [None] * len(cand_srcs)
@@ -137,6 +174,37 @@ def prebuild(
         elif not found:
             problems[i] = "no load_inline call at import"
         calls += [] if isinstance(found, str) else found
+    return calls, problems
+
+
+def prebuild(
+    cache_root: Path,
+    workdir: Path,
+    cand_srcs: list[str],
+    *,
+    ref_srcs: list[str | None] | None = None,
+    max_batch: int = MAX_BATCH,
+) -> dict[str, Any]:
+    """Discover, group, build and record (the module's steps 1-4) in this process; the report of
+    :func:`build_discovered`."""
+    started = time.perf_counter()
+    calls, problems = discover_all(workdir, cand_srcs, ref_srcs)
+    return build_discovered(cache_root, calls, problems, len(cand_srcs), max_batch=max_batch, started=started)
+
+
+def build_discovered(
+    cache_root: Path,
+    calls: list[Call],
+    problems: dict[int, str],
+    candidates: int,
+    *,
+    max_batch: int = MAX_BATCH,
+    started: float | None = None,
+) -> dict[str, Any]:
+    """Steps 2-4. The report: per candidate its status (``batched`` / ``cached`` / ``alone`` /
+    ``failed``), why, and the seconds until its extension was ready; the combined builds."""
+    started = time.perf_counter() if started is None else started
+    report: dict[str, Any] = {"candidates": [], "builds": []}
     todo = _claim(calls, cache_root)
     try:
         groups: dict[str, list[Call]] = {}
@@ -151,7 +219,7 @@ def prebuild(
         for call in todo:
             if call.lock is not None:
                 call.lock.close()
-    for i in range(len(cand_srcs)):
+    for i in range(candidates):
         report["candidates"].append(
             _candidate_report(i, [c for c in calls if c.candidate == i], problems.get(i))
         )
@@ -296,7 +364,7 @@ def _claim(calls: list[Call], cache_root: Path) -> list[Call]:
             lock.close()
             call.reason = "another task is building it now"
             continue
-        if any(build_dir.glob("*.so")) or (build_dir / fastbuild.BATCH_FILE).is_file():
+        if (build_dir / fastbuild.MANIFEST_FILE).is_file() or fastbuild.load_from_batch_record(build_dir):
             call.status, call.reason = "cached", "already built"
         elif fastbuild.recorded_failure(build_dir) is not None:
             call.status, call.reason = "failed", "a compile error is recorded for it"
@@ -370,21 +438,22 @@ def _build_combined(calls: list[Call], cache_root: Path) -> tuple[bool, set[int]
     parts = [(text, dict(base, extra_cflags=json.loads(c))) for text, c in zip(mains, cflags, strict=True)]
     try:
         with fastbuild.key_lock(build_dir):
-            module = _build_and_import(name, parts, cuda, cache_root, info)
+            bound = _build_and_check(name, parts, cuda, cache_root, info)
     except Exception as exc:  # noqa: BLE001 - a compile, link or import error of the combined build
         text = f"{exc}\n{traceback.format_exc()}"
         blamed = attribute(text, len(calls)) or set()
         summary.update(seconds=round(time.perf_counter() - start, 3), blamed=sorted(blamed), steps=info)
         summary["error"] = str(exc)[:400]
         return False, blamed, summary
-    missing = {i for i, c in enumerate(calls) if not _has_functions(module, i, c)}
+    missing = {i for i, c in enumerate(calls) if not _has_functions(bound, i, c)}
     if missing:
         summary.update(seconds=round(time.perf_counter() - start, 3), blamed=sorted(missing))
         return False, missing, summary
-    so = Path(module.__file__)
+    so = build_dir / f"{name}.so"
+    digest = fastbuild.file_sha256(so)
     for i, item in enumerate(items):
         functions = None if item.unit.functions is None else list(item.unit.functions)
-        rec = {"so": str(so), "module": name, "sub": f"b{i}", "functions": functions}
+        rec = {"so": str(so), "module": name, "sub": f"b{i}", "functions": functions, "sha256": digest}
         target = cache_root / "torch_ext" / item.unit.key
         target.mkdir(parents=True, exist_ok=True)
         (target / fastbuild.BATCH_FILE).write_text(json.dumps(rec))
@@ -392,16 +461,16 @@ def _build_combined(calls: list[Call], cache_root: Path) -> tuple[bool, set[int]
     return True, set(), summary
 
 
-def _build_and_import(
+def _build_and_check(
     name: str,
     parts: list[tuple[str, dict[str, Any]]],
     cuda: str | None,
     cache_root: Path,
     info: dict[str, Any],
-) -> Any:
-    """The combined extension's module: torch writes the sources and ``build.ninja`` (for each further
-    binding TU, in a folder of its own, to get its flags) and imports (one thread at a time);
-    :func:`fastbuild.direct_build` compiles (groups in parallel)."""
+) -> dict[str, list[str]]:
+    """Build the combined extension and say what each submodule binds (:func:`_import_check`): torch
+    writes the sources and ``build.ninja`` (for each further binding TU, in a folder of its own, to get
+    its flags; one thread at a time); :func:`fastbuild.direct_build` compiles (groups in parallel)."""
     import torch.utils.cpp_extension as cpp_extension
 
     build_dir = Path(parts[0][1]["build_directory"])
@@ -428,13 +497,79 @@ def _build_and_import(
         ):
             raise RuntimeError("the combined build needs ninja")  # not batched: the calls build alone
     with _torch_lock:
-        return fastbuild.import_extension(name, so)
+        return _import_check(name, so, build_dir / "import_check")
 
 
-def _has_functions(module: Any, index: int, call: Call) -> bool:
-    sub = getattr(module, f"b{index}", None)
+def _import_check(name: str, so: Path, scratch: Path, timeout: float = 120.0) -> dict[str, list[str]]:
+    """What each submodule ``b<i>`` of the combined ``.so`` binds, found by importing it in a forked child
+    that can write only ``scratch`` (Landlock where the kernel has it): its static initialisers are
+    candidate code, which must never run in the process that writes the cache. The answer can only keep
+    calls out of a batch (a call served from the batch whose functions are missing builds alone). An
+    import error is raised here with the child's message, for :func:`attribute` to blame.
+
+    Why a fork rather than a new interpreter: the builder already has torch imported (a new one costs seconds
+    per combined build); the caller holds ``_torch_lock``, and the child only imports and exits."""
+    import select
+    import signal
+
+    from dice.validator import sandbox
+
+    scratch.mkdir(parents=True, exist_ok=True)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: confine, import, report, exit
+        code = 1
+        try:
+            os.close(read_end)
+            os.setpgid(0, 0)
+            if sandbox.landlock_abi() > 0:
+                sandbox.apply_landlock([scratch])
+            try:
+                module = fastbuild.import_extension(name, so)
+                subs = {
+                    k: sorted(n for n in vars(v) if not n.startswith("__"))
+                    for k, v in vars(module).items()
+                    if k.startswith("b") and isinstance(v, types.ModuleType)
+                }
+                answer: dict[str, Any] = {"ok": True, "subs": subs}
+            except BaseException as exc:  # noqa: BLE001 - the combined build's import error, reported
+                answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:20000]}
+            os.write(write_end, json.dumps(answer).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    data = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while (
+            time.monotonic() < deadline
+            and select.select([read_end], [], [], max(0.0, deadline - time.monotonic()))[0]
+        ):
+            chunk = os.read(read_end, 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(read_end)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        raise ImportError(f"importing the combined extension {name} gave no answer") from None
+    if not answer.get("ok"):
+        raise ImportError(str(answer.get("error")))
+    subs = answer.get("subs")
+    return {str(k): [str(n) for n in v] for k, v in subs.items()} if isinstance(subs, dict) else {}
+
+
+def _has_functions(bound: dict[str, list[str]], index: int, call: Call) -> bool:
+    names = bound.get(f"b{index}")
     functions = call.prepared.unit.functions if call.prepared is not None else None
-    return sub is not None and all(hasattr(sub, f) for f in functions or {})
+    return names is not None and all(f in names for f in functions or {})
 
 
 def _candidate_report(index: int, calls: list[Call], problem: str | None) -> dict[str, Any]:

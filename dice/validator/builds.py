@@ -18,7 +18,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -27,11 +27,20 @@ from dice.validator.paths import source_hash
 
 
 @contextlib.contextmanager
-def cached_extension_builds(cache_root: Path, records: list[dict[str, Any]]) -> Iterator[None]:
+def cached_extension_builds(
+    cache_root: Path,
+    records: list[dict[str, Any]],
+    builder: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    private_root: Path | None = None,
+) -> Iterator[None]:
     """Route ``load_inline`` to a build folder keyed by the hash of its sources and flags.
 
     Each call appends a record ``{"name", "key", "cached", "sources", "seconds"}`` to ``records`` (plus
     ``"batched": True`` when a combined build served it, ``"build"``: the fast build's steps).
+    ``builder`` set (a runner, whose cache is read-only): a call the cache cannot serve is sent to it as
+    plain data (:func:`call_payload`) and built by the builder process (:mod:`dice.validator.builder`);
+    a call that is not plain data is built in ``private_root``, for this process alone. Without one, this
+    process builds into the cache itself (the builder, tests).
     """
     import torch.utils.cpp_extension as cpp_extension
 
@@ -39,7 +48,16 @@ def cached_extension_builds(cache_root: Path, records: list[dict[str, Any]]) -> 
 
     def load_inline(name: str, cpp_sources: Any, cuda_sources: Any = None, *args: Any, **kwargs: Any) -> Any:
         return cached_load_inline(
-            cache_root, records, original, name, cpp_sources, cuda_sources, args, kwargs
+            cache_root,
+            records,
+            original,
+            name,
+            cpp_sources,
+            cuda_sources,
+            args,
+            kwargs,
+            builder,
+            private_root,
         )
 
     cpp_extension.load_inline = load_inline
@@ -49,21 +67,51 @@ def cached_extension_builds(cache_root: Path, records: list[dict[str, Any]]) -> 
         cpp_extension.load_inline = original
 
 
+def _flags(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in kwargs.items() if k not in ("verbose", "build_directory")}
+
+
 def extension_key(
-    name: str, cpp_sources: Any, cuda_sources: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    name: str, cpp_sources: Any, cuda_sources: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]
 ) -> str:
-    """The cache key of one ``load_inline`` call: its sources, arguments and flags, torch, CUDA, archs."""
+    """The cache key of one ``load_inline`` call: its sources, arguments and flags, torch, CUDA, archs.
+    Computed on the JSON form (a tuple and a list are the same), so that the builder, which gets the call
+    as JSON, computes the key the runner looks up."""
     import torch
 
-    flags = {k: v for k, v in kwargs.items() if k not in ("verbose", "build_directory")}
+    try:
+        flags = json.dumps(_flags(kwargs), sort_keys=True, default=repr)
+    except TypeError:  # keys that do not sort
+        flags = json.dumps(sorted((str(k), repr(v)) for k, v in _flags(kwargs).items()))
     return source_hash(
         name,
-        json.dumps([cpp_sources, cuda_sources, [repr(a) for a in args]], default=repr),
-        json.dumps(sorted((k, repr(v)) for k, v in flags.items())),
+        json.dumps([cpp_sources, cuda_sources, list(args)], default=repr),
+        flags,
         torch.__version__,
         torch.version.cuda or "",
         _arch_list(),
     )
+
+
+MAX_CALL = 16 << 20
+
+
+def call_payload(
+    name: str, cpp_sources: Any, cuda_sources: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The call as plain data for the builder, or None when it is not plain data (or too large)."""
+    payload = {
+        "name": name,
+        "cpp_sources": cpp_sources,
+        "cuda_sources": cuda_sources,
+        "args": list(args),
+        "kwargs": _flags(kwargs),
+    }
+    try:
+        text = json.dumps(payload)
+    except (TypeError, ValueError):
+        return None
+    return json.loads(text) if len(text) <= MAX_CALL else None
 
 
 def extension_name(name: str, key: str, cpp_sources: Any, cuda_sources: Any) -> str:
@@ -83,48 +131,126 @@ def cached_load_inline(
     cuda_sources: Any,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    builder: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    private_root: Path | None = None,
 ) -> Any:
-    """One intercepted ``load_inline`` call: the build folder's ``.so``, a combined build's functions, the
-    error recorded for these sources, or a build (:mod:`dice.validator.fastbuild`, else torch's own)."""
-    from dice.validator import fastbuild
-
+    """One intercepted ``load_inline`` call: the build folder's ``.so`` (its content hash checked against
+    the builder's manifest), a combined build's functions, the error recorded for these sources, or a
+    build (:func:`build_into_cache` here or in the builder), then the cache again."""
     key = extension_key(name, cpp_sources, cuda_sources, args, kwargs)
     build_dir = cache_root / "torch_ext" / key
     ext_name = extension_name(name, key, cpp_sources, cuda_sources)
+    python_module = bool(kwargs.get("is_python_module", True))
     start = time.perf_counter()
     record: dict[str, Any] = {
         "name": name,
         "key": key,
-        "cached": False,
+        "cached": True,
         "sources": cuda_sources or cpp_sources,
     }
     records.append(record)
     try:
-        with fastbuild.key_lock(build_dir):
-            record["cached"] = (build_dir / f"{ext_name}.so").is_file()
-            if record["cached"]:
-                return fastbuild.import_extension(ext_name, build_dir / f"{ext_name}.so")
-            served = fastbuild.load_from_batch(build_dir, ext_name)
-            if served is not None:
-                record.update(cached=True, batched=True)
-                return served
-            failure = fastbuild.recorded_failure(build_dir)
-            if failure is not None:
-                record["cached"] = True
-                raise RuntimeError(failure)
-            kwargs = dict(kwargs, build_directory=str(build_dir), verbose=False)
-            call = _bound_arguments(original, cpp_sources, cuda_sources, args, kwargs)
-            reason = "unusual arguments" if call is None else fastbuild.fallback_reason(call)
-            if reason is not None or call is None:
-                record["fallback"] = reason
-                return original(ext_name, cpp_sources, cuda_sources, *args, **kwargs)
-            record["build"] = info = {}
-            call.pop("cpp_sources")
-            return fastbuild.load(
-                original, ext_name, cpp_sources, call.pop("cuda_sources"), call, cache_root, info
+        served = _from_cache(build_dir, ext_name, record, python_module)
+        if served is not None:
+            return served
+        record["cached"] = False
+        if builder is None:
+            outcome = build_into_cache(cache_root, original, name, cpp_sources, cuda_sources, args, kwargs)
+        else:
+            payload = call_payload(name, cpp_sources, cuda_sources, args, kwargs)
+            if payload is None:  # not plain data: built for this process alone, outside the shared cache
+                record["fallback"] = "arguments that are not plain data: a private build"
+                folder = (private_root or cache_root / "private") / key
+                folder.mkdir(parents=True, exist_ok=True)
+                private = dict(kwargs, build_directory=str(folder), verbose=False)
+                return original(ext_name, cpp_sources, cuda_sources, *args, **private)
+            outcome = builder(payload)
+        for field in ("build", "fallback"):
+            if outcome.get(field):
+                record[field] = outcome[field]
+        if not outcome.get("ok"):
+            raise RuntimeError(str(outcome.get("message") or "the extension build failed"))
+        served = _from_cache(build_dir, ext_name, record, python_module)
+        if served is None:
+            raise RuntimeError(
+                f"the extension built for {name!r} is missing or fails its content-hash check (build cache "
+                f"{build_dir})"
             )
+        record["cached"] = False
+        return served
     finally:
         record["seconds"] = time.perf_counter() - start
+
+
+def _from_cache(build_dir: Path, ext_name: str, record: dict[str, Any], python_module: bool) -> Any:
+    """The module the cache holds for this key (hash-checked), or raises its recorded compile error; None
+    when it has neither."""
+    from dice.validator import fastbuild
+
+    so = fastbuild.verified_so(build_dir, ext_name)
+    if so is not None:
+        return fastbuild.import_extension(ext_name, so, python_module)
+    served = fastbuild.load_from_batch(build_dir, ext_name)
+    if served is not None:
+        record["batched"] = True
+        return served
+    failure = fastbuild.recorded_failure(build_dir)
+    if failure is not None:
+        raise RuntimeError(failure)
+    return None
+
+
+def build_into_cache(
+    cache_root: Path,
+    original: Any,
+    name: str,
+    cpp_sources: Any,
+    cuda_sources: Any,
+    args: tuple[Any, ...] | list[Any],
+    kwargs: dict[str, Any],
+) -> dict[str, Any]:
+    """Build one call into ``<cache>/torch_ext/<key>`` (nothing imported) and write its manifest, under
+    the key's lock: ``{"ok", "message", "build" (the steps), "fallback" (why torch's own build)}``. The
+    key is computed here, from the call itself, never taken from whoever asked."""
+    from dice.validator import fastbuild
+
+    key = extension_key(name, cpp_sources, cuda_sources, tuple(args), kwargs)
+    build_dir = cache_root / "torch_ext" / key
+    ext_name = extension_name(name, key, cpp_sources, cuda_sources)
+    outcome: dict[str, Any] = {"ok": True, "message": "", "key": key}
+    with fastbuild.key_lock(build_dir):
+        if fastbuild.verified_so(build_dir, ext_name) is not None:
+            return outcome
+        if fastbuild.load_from_batch_record(build_dir) is not None:
+            return outcome
+        failure = fastbuild.recorded_failure(build_dir)
+        if failure is not None:
+            return dict(outcome, ok=False, message=failure)
+        for stale in (build_dir / f"{ext_name}.so", build_dir / fastbuild.MANIFEST_FILE):
+            stale.unlink(missing_ok=True)  # a .so without a valid manifest is not trusted: built again
+        full = dict(kwargs, build_directory=str(build_dir), verbose=False)
+        call = _bound_arguments(original, cpp_sources, cuda_sources, tuple(args), full)
+        if call is None:
+            return dict(
+                outcome, ok=False, message="load_inline() got arguments that do not fit its signature"
+            )
+        reason = fastbuild.fallback_reason(call)
+        if reason is not None:
+            outcome["fallback"] = reason
+        outcome["build"] = info = {}
+        call.pop("cpp_sources")
+        try:
+            cuda = call.pop("cuda_sources")
+            fastbuild.build(
+                original, ext_name, cpp_sources, cuda, call, cache_root, info, fast=reason is None
+            )
+        except Exception as exc:  # noqa: BLE001 - the candidate's compile error, told to the runner
+            return dict(outcome, ok=False, message=str(exc)[:20000])
+        so = build_dir / f"{ext_name}.so"
+        if not so.is_file():
+            return dict(outcome, ok=False, message=f"the build of {name!r} produced no {so.name}")
+        fastbuild.write_manifest(build_dir, so)
+    return outcome
 
 
 def _bound_arguments(

@@ -72,6 +72,7 @@ from dice.validator.whole_file import use_ccache
 FAILED_FILE = "dice_failed.json"
 BATCH_FILE = "dice_batch.json"
 BUILD_FILE = "dice_build.json"
+MANIFEST_FILE = "dice_manifest.json"  # the builder's: the .so's name and SHA-256 (dice.validator.builder)
 PCH_VERSION = "pch-1"
 MAX_PCH_SETS = 6  # distinct flag sets with a PCH per cache folder (~0.8 GB each)
 _NAME_FLAG = re.compile(r"\s-DTORCH_EXTENSION_NAME=\S+")
@@ -126,17 +127,27 @@ def recorded_failure(build_dir: Path) -> str | None:
     return rec.get("message") if rec.get("toolchain") == toolchain_stamp() else None
 
 
+def load_from_batch_record(build_dir: Path) -> dict[str, Any] | None:
+    """The combined build recorded for this key (:mod:`dice.validator.batchbuild`) when its ``.so`` is
+    there with the content hash the builder recorded, else None."""
+    try:
+        rec = json.loads((build_dir / BATCH_FILE).read_text())
+        so = Path(rec["so"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not so.is_file() or rec.get("sha256") != file_sha256(so):
+        return None
+    return rec
+
+
 def load_from_batch(build_dir: Path, ext_name: str) -> ModuleType | None:
     """The extension served from a combined build (:mod:`dice.validator.batchbuild`): a module named like
     torch's that holds exactly this call's functions (or, for a call with its own ``PYBIND11_MODULE``,
     everything that bound) from the combined ``.so``; None when there is none."""
-    try:
-        rec = json.loads((build_dir / BATCH_FILE).read_text())
-    except (OSError, ValueError):
+    rec = load_from_batch_record(build_dir)
+    if rec is None:
         return None
     so = Path(rec["so"])
-    if not so.is_file():
-        return None
     try:
         sub = getattr(import_extension(rec["module"], so), rec["sub"])
         names = rec["functions"] or [n for n in vars(sub) if not n.startswith("__")]  # None: its own module
@@ -150,11 +161,42 @@ def load_from_batch(build_dir: Path, ext_name: str) -> ModuleType | None:
     return module
 
 
-def import_extension(module_name: str, so: Path) -> ModuleType:
-    """Import a built extension as torch does (a fresh module object each time, as torch gives)."""
+def file_sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(build_dir: Path, so: Path) -> None:
+    """Record ``so``'s content hash (the builder does, right after building it); written atomically."""
+    tmp = build_dir / f"{MANIFEST_FILE}.tmp{os.getpid()}"
+    tmp.write_text(json.dumps({"so": so.name, "sha256": file_sha256(so), "toolchain": toolchain_stamp()}))
+    os.replace(tmp, build_dir / MANIFEST_FILE)
+
+
+def verified_so(build_dir: Path, ext_name: str) -> Path | None:
+    """``build_dir/<ext_name>.so`` when the builder's manifest names it and its content hash matches, else
+    None (never built, built by an older version without a manifest, or changed since)."""
+    so = build_dir / f"{ext_name}.so"
+    try:
+        rec = json.loads((build_dir / MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if rec.get("so") != so.name or not so.is_file() or rec.get("toolchain") != toolchain_stamp():
+        return None
+    return so if rec.get("sha256") == file_sha256(so) else None
+
+
+def import_extension(module_name: str, so: Path, python_module: bool = True) -> Any:
+    """Import a built extension as torch does (a fresh module object each time, as torch gives; with
+    ``is_python_module=False``, loaded into ``torch.ops`` and its path returned)."""
     import torch.utils.cpp_extension as cpp_extension
 
-    return cpp_extension._import_module_from_library(module_name, str(so.parent), True)
+    return cpp_extension._import_module_from_library(module_name, str(so.parent), python_module)
 
 
 def fallback_reason(kwargs: dict[str, Any]) -> str | None:
@@ -175,7 +217,7 @@ def fallback_reason(kwargs: dict[str, Any]) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------------ build
-def load(
+def build(
     original: Callable[..., Any],
     ext_name: str,
     cpp_sources: Any,
@@ -183,19 +225,24 @@ def load(
     kwargs: dict[str, Any],
     cache_root: Path,
     info: dict[str, Any],
-) -> Any:
-    """torch's ``load_inline(ext_name, ...)`` with its ninja step replaced by :func:`direct_build`; the
-    caller holds :func:`key_lock` on ``kwargs["build_directory"]``. ``info`` receives the steps' seconds."""
+    *,
+    fast: bool = True,
+) -> None:
+    """torch's ``load_inline(ext_name, ...)`` with its ninja step replaced by :func:`direct_build` and its
+    import skipped: the builder never loads what it built (a candidate's static initialisers would run in
+    the one process that writes the cache). ``fast`` off: torch's own ninja build (the calls
+    :func:`fallback_reason` names). The caller holds :func:`key_lock` on ``kwargs["build_directory"]``;
+    ``info`` receives the steps' seconds."""
     import torch.utils.cpp_extension as cpp_extension
 
     ninja = cpp_extension._run_ninja_build
 
     def run_build(build_directory: str, verbose: bool, error_prefix: str) -> None:
-        if not direct_build(Path(build_directory), error_prefix, cache_root, info):
+        if not fast or not direct_build(Path(build_directory), error_prefix, cache_root, info):
             ninja(build_directory, verbose, error_prefix)
 
-    with _torch_hooks(run_build, import_module=True):
-        return original(ext_name, cpp_sources, cuda_sources, **_prepared(kwargs))
+    with _torch_hooks(run_build, import_module=False):
+        original(ext_name, cpp_sources, cuda_sources, **_prepared(kwargs))
 
 
 def write_build_files(

@@ -38,6 +38,7 @@ import signal
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,13 +64,27 @@ class RunnerFailed(Exception):
         self.status, self.message, self.log, self.records = status, message, log, records or []
 
 
-class RunnerProcess:
-    """The judge's handle on one runner: id-checked requests, then :meth:`close` (kill its group)."""
+MAX_BUILDS = 64  # build requests one runner may make
 
-    def __init__(self, zygote: Any, mode: str, args: dict[str, Any]) -> None:
+
+class RunnerProcess:
+    """The judge's handle on one runner (or, ``role="builder"``, a builder): id-checked requests, then
+    :meth:`close` (kill its group). ``builder`` set: the runner's ``build`` events (a ``load_inline`` the
+    read-only cache cannot serve) are answered with its outcome (:func:`build_for_runner`)."""
+
+    def __init__(
+        self,
+        zygote: Any,
+        mode: str,
+        args: dict[str, Any],
+        role: str = "runner",
+        builder: Callable[[Any], dict[str, Any]] | None = None,
+    ) -> None:
         self.zygote = zygote
-        self.pid, self.sock = zygote.spawn(mode, args)
+        self.pid, self.sock = zygote.spawn(mode, args, role)
         self.sock.settimeout(REPLY_TIMEOUT_S)
+        self.builder = builder
+        self.builds = 0
         self._buffer = b""
         self._next_id = 1
 
@@ -89,6 +104,9 @@ class RunnerProcess:
             reply = json.loads(line)
         except ValueError:
             raise ProtocolViolation("a reply that is not JSON") from None
+        if isinstance(reply, dict) and reply.get("event") == "build" and "id" not in reply:
+            self._answer_build(reply)
+            return self.receive(request_id, event)
         if not isinstance(reply, dict) or reply.get("id") != request_id:
             got = reply.get("id") if isinstance(reply, dict) else None
             raise ProtocolViolation(f"a reply for request {got!r} where {request_id} was asked")
@@ -102,6 +120,19 @@ class RunnerProcess:
         if reply.get("event") != event:
             raise ProtocolViolation(f"a {reply.get('event')!r} reply where {event!r} was asked")
         return reply
+
+    def _answer_build(self, message: dict[str, Any]) -> None:
+        """A runner's build request: built by a builder, the outcome sent back (its own compile error
+        included: the runner raises it from ``load_inline``)."""
+        self.builds += 1
+        if self.builder is None or self.builds > MAX_BUILDS:
+            raise ProtocolViolation(f"a build request where none may be made (request {self.builds})")
+        outcome = self.builder(message.get("call"))
+        reply = {**outcome, "op": "built", "request": message.get("request")}
+        try:
+            self.sock.sendall((json.dumps(reply) + "\n").encode())
+        except OSError:
+            raise RunnerFailed("runtime_error", self._death()) from None
 
     def request(self, op: str, event: str, fds: list[int] | None = None, **fields: Any) -> dict[str, Any]:
         rid = self._next_id
@@ -290,23 +321,50 @@ def summary(times: list[float], baseline: list[float]) -> dict[str, float]:
 
 
 def runner_args(ctx: WorkerContext, task_dir: Path) -> dict[str, Any]:
-    """What every runner gets: its task folder, the build cache, and the folders its Landlock layer leaves
-    writable (the task folder, the extension cache, the PCH and ccache folders; not CuPy's or nvcc's
-    caches, the GPU lock or the worker's own folder)."""
+    """What every runner gets: its task folder (the one folder its Landlock layer leaves writable) and
+    the build cache (read-only to it)."""
     from dice.validator import sandbox
 
+    (ctx.cache_dir / "torch_ext").mkdir(parents=True, exist_ok=True)
+    return {
+        "task_dir": str(task_dir),
+        "cache_dir": str(ctx.cache_dir),
+        "writable": [],
+        "landlock": sandbox.landlock_abi() > 0,
+    }
+
+
+def builder_args(ctx: WorkerContext, task_dir: Path) -> dict[str, Any]:
+    """What a builder gets: :func:`runner_args` with the cache folders it writes (the extension cache, the
+    PCH and ccache folders; not CuPy's or nvcc's caches, the GPU lock or the worker's own folder)."""
     cache = ctx.cache_dir
     writable = [cache / "torch_ext", Path(os.environ.get("DICE_PCH_DIR") or cache / "pch")]
     if os.environ.get("CCACHE_DIR"):
         writable.append(Path(os.environ["CCACHE_DIR"]))
     for path in writable:
         path.mkdir(parents=True, exist_ok=True)
-    return {
-        "task_dir": str(task_dir),
-        "cache_dir": str(cache),
-        "writable": [str(p) for p in writable],
-        "landlock": sandbox.landlock_abi() > 0,
-    }
+    return {**runner_args(ctx, task_dir), "writable": [str(p) for p in writable]}
+
+
+def build_for_runner(ctx: WorkerContext, call: Any) -> dict[str, Any]:
+    """A runner's ``load_inline`` call built by a builder of its own (:mod:`dice.validator.builder`):
+    ``{"ok", "message", "build"}``; a builder that fails is a failed build."""
+    builder = None
+    try:
+        builder = RunnerProcess(
+            ctx.zygote, "build", {**builder_args(ctx, ctx.task_dir()), "call": call}, "builder"
+        )
+        reply = builder.receive(0, "built")
+    except (RunnerFailed, ProtocolViolation) as exc:
+        return {"ok": False, "message": f"the extension builder failed: {exc}"}
+    finally:
+        if builder is not None:
+            builder.close()
+    outcome = {"ok": bool(reply.get("ok")), "message": str(reply.get("message") or "")[:20000]}
+    for field in ("build", "fallback"):
+        if reply.get(field):
+            outcome[field] = reply[field]
+    return outcome
 
 
 def task_args(

@@ -24,6 +24,7 @@ on the CPU, ``load_inline`` in the runner served by the stand-ins of ``DICE_EMUL
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 import traceback
@@ -113,7 +114,14 @@ def _run_judged(
     this worker). A candidate's crash, hang or CUDA fault costs its runner, not this process."""
     import torch
 
-    from dice.validator.judge import ProtocolViolation, RunnerFailed, RunnerProcess, Session, runner_verdict
+    from dice.validator.judge import (
+        ProtocolViolation,
+        RunnerFailed,
+        RunnerProcess,
+        Session,
+        build_for_runner,
+        runner_verdict,
+    )
     from dice.validator.zygote_client import ZygoteError
 
     device = torch.device("cuda", torch.cuda.current_device()) if ctx.gpu else torch.device("cpu")
@@ -135,9 +143,9 @@ def _run_judged(
         sys.modules.pop(f"dice_ref_{key}", None)
     construction = construction.replace("model built", "Model and ModelNew built")
     try:
-        session = Session(
-            RunnerProcess(ctx.zygote, "kernelbench", task_args(ctx, cand_src, task_dir, init, device)), device
-        )
+        args = task_args(ctx, cand_src, task_dir, init, device)
+        builder = functools.partial(build_for_runner, ctx)
+        session = Session(RunnerProcess(ctx.zygote, "kernelbench", args, builder=builder), device)
     except (ZygoteError, OSError) as exc:
         return Verdict("runtime_error", False, message=f"validator error: {exc}"), True
     build_log = construction
@@ -148,9 +156,11 @@ def _run_judged(
             exc.log = f"{describe_builds(exc.records)}\n{exc.log}"
             raise
         records = [r for r in ready.get("records") or [] if isinstance(r, dict)]
+        phases = ready.get("phases") if isinstance(ready.get("phases"), dict) else {}
+        steps = ", ".join(f"{k} {v:.2f}" for k, v in phases.items() if isinstance(v, (int, float)))
         build_log = (
-            f"{describe_builds(records)}; runner ready (fork, CUDA, import, construction) "
-            f"{time.perf_counter() - start:.2f} s\n{construction}"
+            f"{describe_builds(records)}; runner ready {time.perf_counter() - start:.2f} s "
+            f"(after the fork: {steps or 'not reported'})\n{construction}"
         )
         verdict = first_rejection(
             Replaced("importing the candidate", [str(n) for n in ready.get("replaced") or []])

@@ -20,8 +20,10 @@ that can only make a verdict worse (a rejection, a mismatch). What makes a verdi
 in the slots, the inputs left intact, the seeds, the times -- the judge reads from its own memory and clock.
 
 The runner confines itself further before the candidate is imported (Landlock where the kernel has it:
-writes only to its task folder and the extension build cache), gets a private CuPy cache, and is killed
-with its process group when the task ends; it is never reused.
+writes only to its task folder), gets a private CuPy cache, and is killed with its process group when the
+task ends; it is never reused. The extension cache is read-only to it: a ``load_inline`` the cache cannot
+serve is sent to the judge as a ``build`` event and built by a builder (:mod:`dice.validator.builder`),
+and a cached ``.so`` is loaded only when its content hash matches the builder's manifest.
 """
 
 from __future__ import annotations
@@ -66,6 +68,16 @@ class Channel:
     def send(self, obj: dict[str, Any]) -> None:
         self.sock.sendall((json.dumps(obj) + "\n").encode())
 
+    def build(self, call: dict[str, Any]) -> dict[str, Any]:
+        """Ask the judge to have ``call`` (a ``load_inline`` call as plain data) built into the cache, which
+        this process cannot write (:mod:`dice.validator.builder`); the outcome ``{"ok", "message", ...}``."""
+        self._builds = getattr(self, "_builds", 0) + 1
+        self.send({"event": "build", "request": self._builds, "call": call})
+        reply, _fds = self.receive()
+        if reply.get("op") != "built" or reply.get("request") != self._builds:
+            raise RuntimeError(f"the judge answered a build request with {reply.get('op')!r}")
+        return reply
+
 
 def serve(fd: int, mode: str, args: dict[str, Any]) -> int:
     """The runner's main: ``mode`` "kernelbench" (the protocol above) or "prebuild" (a batched build,
@@ -78,7 +90,7 @@ def serve(fd: int, mode: str, args: dict[str, Any]) -> int:
         _confine(args)
         if mode == "prebuild":
             _landlock(args)
-            return _prebuild(channel, args)
+            return _discover(channel, args)
         if mode == "kernelbench":
             return KernelBenchRunner(channel, args).serve()
         channel.send(
@@ -94,33 +106,45 @@ def _confine(args: dict[str, Any]) -> None:
     """Before any candidate code: a private task folder, HOME, TMPDIR and CuPy cache."""
     task_dir = Path(args["task_dir"])
     (task_dir / "tmp").mkdir(parents=True, exist_ok=True)
-    os.environ.update(HOME=str(task_dir), TMPDIR=str(task_dir / "tmp"), CUPY_CACHE_DIR=str(task_dir / "cupy"))
+    os.environ.update(
+        HOME=str(task_dir),
+        TMPDIR=str(task_dir / "tmp"),
+        CUPY_CACHE_DIR=str(task_dir / "cupy"),
+        TORCH_EXTENSIONS_DIR=str(task_dir / "torch_extensions"),  # cpp_extension.load: a private build
+    )
     os.chdir(task_dir)
 
 
 def _landlock(args: dict[str, Any]) -> None:
-    """Landlock on top of the worker's sandbox where available: writes only to the task folder and the
-    extension build cache. Applied after CUDA started in the runner and before the candidate is imported."""
-    from dice.validator.sandbox import apply_landlock, landlock_abi
+    """Landlock on top of the worker's sandbox where available: writes only to the task folder (the build
+    cache is the builder's); seccomp: no new socket but netlink. Applied after CUDA started
+    in the runner and before the candidate is imported."""
+    from dice.validator.sandbox import apply_landlock, apply_seccomp, landlock_abi, seccomp_available
 
     if args.get("landlock") and landlock_abi() > 0:
         apply_landlock([Path(p) for p in args.get("writable") or []] + [Path(args["task_dir"])])
+    if args.get("landlock") and seccomp_available():
+        apply_seccomp(unix=True)  # its channel to the judge exists already
 
 
 def _error(request_id: int, status: str, message: str, log: str = "") -> dict[str, Any]:
     return {"id": request_id, "event": "error", "status": status, "message": message, "log": log[-20000:]}
 
 
-def _prebuild(channel: Channel, args: dict[str, Any]) -> int:
-    from dice.validator.batchbuild import prebuild
+def _discover(channel: Channel, args: dict[str, Any]) -> int:
+    """A batched prebuild's discovery (it imports the candidates): the calls as plain data, for the
+    builder; a call that is not plain data is left to its candidate's own task."""
+    from dice.validator.batchbuild import call_to_json, discover_all
 
-    report = prebuild(
-        Path(args["cache_dir"]),
-        Path(args["task_dir"]),
-        list(args.get("cand_srcs") or []),
-        ref_srcs=args.get("ref_srcs"),
+    cand_srcs = list(args.get("cand_srcs") or [])
+    calls, problems = discover_all(Path(args["task_dir"]), cand_srcs, args.get("ref_srcs"))
+    plain = [data for call in calls if (data := call_to_json(call)) is not None]
+    for i in range(len(cand_srcs)):
+        if i not in problems and not any(d["candidate"] == i for d in plain):
+            problems[i] = "its load_inline arguments are not plain data"
+    channel.send(
+        {"id": 0, "event": "discovered", "calls": plain, "problems": {str(k): v for k, v in problems.items()}}
     )
-    channel.send({"id": 0, "event": "prebuilt", "report": report})
     return 0
 
 
@@ -182,19 +206,34 @@ class KernelBenchRunner:
 
     def _start(self) -> bool:
         """Import the candidate and construct ``ModelNew``; the ``ready`` reply (request id 0)."""
+        import time
+
         import torch
 
         from dice.validator.builds import built_kernel_names, import_source
         from dice.validator.context import Integrity
         from dice.validator.kbsetup import construct_model
 
+        phases: dict[str, float] = {}
+        mark = time.perf_counter()
+
+        def lap(name: str) -> None:
+            nonlocal mark
+            now = time.perf_counter()
+            phases[name] = round(now - mark, 3)
+            mark = now
+
         if self.device.type == "cuda":
             torch.cuda.init()
             torch.cuda.set_device(self.device)
+        lap("cuda")
         _landlock(self.args)
+        lap("sandbox")
         import torch._dynamo  # noqa: F401 - its import wraps torch.manual_seed: before the snapshot
         import torch.profiler  # noqa: F401 - before the snapshot, as the candidate's import may use it
         import torch.utils.cpp_extension  # noqa: F401
+
+        lap("imports")
 
         integrity = Integrity()
         self.integrity = integrity
@@ -202,8 +241,9 @@ class KernelBenchRunner:
         stage = "building the candidate (import, load_inline)"
         src = str(self.args["cand_src"])
         try:
-            with _extension_builds(self.args, records):
+            with _extension_builds(self.args, records, self.channel):
                 cand = import_source(src, Path(self.args["task_dir"]) / "candidate.py", "dice_candidate")
+                lap("candidate")
                 stage = "constructing ModelNew"
                 init_inputs = load_value(self.args["init_inputs"])
                 self.model, construction = construct_model(
@@ -226,6 +266,7 @@ class KernelBenchRunner:
                 "kernel_names": built_kernel_names(records, src),
                 "construction": construction,
                 "replaced": integrity.violations(),
+                "phases": {**phases, "construction": round(time.perf_counter() - mark, 3)},
             }
         )
         return True
@@ -393,13 +434,15 @@ def _plain_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def _extension_builds(args: dict[str, Any], records: list[dict[str, Any]]):  # noqa: ANN202
-    """``load_inline`` through the build cache, or (``emulate`` set: the CPU tests) through stand-ins."""
+def _extension_builds(args: dict[str, Any], records: list[dict[str, Any]], channel: Channel):  # noqa: ANN202
+    """``load_inline`` through the build cache (read-only here: a miss is built by the builder, through
+    the judge), or (``emulate`` set: the CPU tests) through stand-ins."""
     from dice.validator.builds import cached_extension_builds
 
     standins = args.get("emulated_extensions")
     if not standins:
-        with cached_extension_builds(Path(args["cache_dir"]), records):
+        private = Path(args["task_dir"]) / "private_ext"
+        with cached_extension_builds(Path(args["cache_dir"]), records, channel.build, private):
             yield
         return
     import importlib.util

@@ -107,7 +107,10 @@ def _spawn(control: socket.socket, request: dict[str, Any], fds: list[int]) -> d
 
             die_with_parent(None)
             not_dumpable(True)  # CUDA does not start otherwise (see not_dumpable)
-            from dice.validator.runner import serve
+            if request.get("role") == "builder":
+                from dice.validator.builder import serve
+            else:
+                from dice.validator.runner import serve
 
             code = serve(fds[0], str(request.get("mode", "")), request.get("args") or {})
         except BaseException:  # noqa: BLE001 - a runner never returns into the zygote's loop

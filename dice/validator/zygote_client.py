@@ -80,13 +80,16 @@ class Zygote:
             raise ZygoteError("the runner zygote exited")
         return json.loads(data)
 
-    def spawn(self, mode: str, args: dict[str, Any]) -> tuple[int, socket.socket]:
-        """A new runner in ``mode`` with ``args``: (its pid, the judge's end of its socket)."""
+    def spawn(self, mode: str, args: dict[str, Any], role: str = "runner") -> tuple[int, socket.socket]:
+        """A new runner (or ``role="builder"``: a builder) in ``mode`` with ``args``: (its pid, the judge's
+        end of its socket)."""
         control = self._ensure()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             socket.send_fds(
-                control, [json.dumps({"op": "spawn", "mode": mode, "args": args}).encode()], [theirs.fileno()]
+                control,
+                [json.dumps({"op": "spawn", "role": role, "mode": mode, "args": args}).encode()],
+                [theirs.fileno()],
             )
         except OSError as exc:
             mine.close()

@@ -268,12 +268,15 @@ def test_discover_records_calls_without_building(tmp_path: Path) -> None:
 
 
 def test_claim_skips_built_failed_and_busy_keys(tmp_path: Path) -> None:
-    calls = fake_calls(4)
+    calls = fake_calls(5)
     for call in calls:
         call.cpp_sources, call.kwargs = "int f();", {"functions": ["f"]}
     ext = tmp_path / "torch_ext"
     (ext / "key0").mkdir(parents=True)
     (ext / "key0" / "x.so").write_text("")
+    fastbuild.write_manifest(ext / "key0", ext / "key0" / "x.so")  # the builder's
+    (ext / "key4").mkdir()
+    (ext / "key4" / "x.so").write_text("")  # no manifest: not trusted, built again
     (ext / "key1").mkdir()
     fastbuild._record_failure(ext / "key1", "Error building: error: x", "error: x")
     (ext / "key2").mkdir()
@@ -288,10 +291,11 @@ def test_claim_skips_built_failed_and_busy_keys(tmp_path: Path) -> None:
         todo = batchbuild._claim(calls, tmp_path)
     finally:
         held.kill()
-    assert [c.key for c in todo] == ["key3"] and todo[0].lock is not None
-    assert [c.status for c in calls] == ["cached", "failed", "alone", "alone"]
+    assert [c.key for c in todo] == ["key3", "key4"] and todo[0].lock is not None
+    assert [c.status for c in calls] == ["cached", "failed", "alone", "alone", "alone"]
     assert "another task" in calls[2].reason
-    todo[0].lock.close()
+    for call in todo:
+        call.lock.close()
 
 
 # ---------------------------------------------------------------------------------------------- real builds
