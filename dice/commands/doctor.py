@@ -32,6 +32,12 @@ def run(args: argparse.Namespace) -> int:
         f"  landlock: ABI {sandbox.landlock_abi()}"
         + (" (not available)" if sandbox.landlock_abi() < 1 else "")
     )
+    seccomp = "libseccomp found: " + sandbox.SECCOMP_WORDS.removeprefix("seccomp: ")
+    print(f"  seccomp: {seccomp if sandbox.seccomp_available() else '- (libseccomp is not installed)'}")
+    runners = (
+        "read-only to runners (Landlock)" if sandbox.landlock_abi() > 0 else "NOT protected from runners"
+    )
+    print(f"  build cache: written by builders, {runners}; a .so loads only with its builder's SHA-256")
     try:
         mode = sandbox.requested()
         chosen = sandbox.choose(mode)

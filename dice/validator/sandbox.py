@@ -44,18 +44,28 @@ UNIX sockets of, processes outside the sandbox. Landlock also denies ``ptrace`` 
 ``/proc/PID/environ`` of) processes outside it. Landlock is called through ctypes: the standard library
 has no binding, and the ``landlock`` package on PyPI is a pre-release (1.0.0.dev5) we would not depend on.
 
-Not covered yet: the build cache folders are writable (a candidate can plant a poisoned extension or
-object file for a later task: the cache is keyed by source hash, not signed); reads are not restricted
-(the user's files, ``~/.ssh`` included, are readable; with no network, what a candidate reads can only
-reach the verdict shown to the same user); in the fallback, UDP and pathname UNIX sockets are not
-restricted, and on kernels before Landlock ABI 6 a candidate can still signal the owner; the GPU device
-nodes are bound as they are (untested on machines without a GPU); there is no seccomp filter.
+Seccomp (libseccomp, where installed; :func:`apply_seccomp`), in every confined worker and so in
+its zygote, runners and builders: ``socket()`` of no family but UNIX and netlink (no internet socket:
+UDP, raw and IPv6 included, which Landlock does not cover) and no io_uring; a runner adds, after its
+CUDA start, no new UNIX sockets (pathname sockets, an ssh agent's or a container daemon's, are out of
+Landlock's reach).
+
+The build cache is written only by builders (:mod:`dice.validator.builder`); a runner's Landlock layer
+leaves it read-only, and a runner loads a cached ``.so`` only when its content hash matches the
+builder's manifest. Where Landlock is missing (ABI 0), nothing stops a runner from writing the
+cache (a ``.so`` and a manifest that matches it); ``dice doctor`` shows the Landlock ABI.
+
+Not covered yet: reads are not restricted (the user's files, ``~/.ssh`` included, are readable; with no
+network, what a candidate reads can only reach the verdict shown to the same user); on kernels before
+Landlock ABI 6 a candidate can still signal the owner; the GPU device nodes are bound as they are
+(untested on machines without a GPU).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import ctypes.util
 import functools
 import glob
 import json
@@ -142,6 +152,85 @@ def landlock_abi() -> int:
     return max(0, int(version))
 
 
+# seccomp through libseccomp, the maintained library (it writes the BPF program, the architecture checks
+# and the x32 handling), called through ctypes as Landlock is: its Python bindings ship only with
+# distributions (python3-seccomp, not installable into a virtual environment) and the PyPI wrapper
+# (pyseccomp 0.1.2) was last released in 2021.
+_SCMP_ACT_ALLOW = 0x7FFF0000
+_SCMP_CMP_EQ, _SCMP_CMP_GE = 4, 5
+_AF_UNIX, _AF_NETLINK, _AF_LAST = 1, 16, 45  # AF_MAX is 46 in Linux 6.x
+SECCOMP_WORDS = "seccomp: no sockets but UNIX and netlink, no io_uring"
+_EACCES, _EPERM = 13, 1
+
+
+class _ArgCmp(ctypes.Structure):
+    _fields_ = [
+        ("arg", ctypes.c_uint),
+        ("op", ctypes.c_int),
+        ("datum_a", ctypes.c_uint64),
+        ("datum_b", ctypes.c_uint64),
+    ]
+
+
+@functools.cache
+def _libseccomp() -> ctypes.CDLL | None:
+    if platform.system() != "Linux":
+        return None
+    for name in ("libseccomp.so.2", ctypes.util.find_library("seccomp")):
+        if name:
+            with contextlib.suppress(OSError):
+                lib = ctypes.CDLL(name, use_errno=True)
+                lib.seccomp_init.restype = ctypes.c_void_p
+                lib.seccomp_init.argtypes = [ctypes.c_uint32]
+                lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+                lib.seccomp_rule_add_array.argtypes = [
+                    ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint, ctypes.POINTER(_ArgCmp)
+                ]  # fmt: skip
+                lib.seccomp_load.argtypes = [ctypes.c_void_p]
+                lib.seccomp_release.argtypes = [ctypes.c_void_p]
+                return lib
+    return None
+
+
+def seccomp_available() -> bool:
+    return _libseccomp() is not None
+
+
+def apply_seccomp(*, unix: bool = False) -> str:
+    """A seccomp filter on this process and what it starts, for good: ``socket()`` fails (``EACCES``) for
+    every address family but netlink and UNIX (the worker talks to its zygote through UNIX sockets).
+    ``unix`` (a runner, after its CUDA start, its channel already open): UNIX sockets are denied too
+    (pathname sockets, an ssh agent's or a container daemon's, are out of Landlock's reach). So no
+    internet, packet, vsock or other socket of any kind (UDP, raw and IPv6 included, which Landlock does
+    not cover); ``io_uring_setup`` fails too (io_uring's socket operations bypass seccomp). Families 0-45
+    are compared one by one and anything above 45 as a 64-bit value is denied, so high bits set in the
+    argument cannot slip past. Returns the ``isolation:`` words; raises ``OSError`` without libseccomp."""
+    lib = _libseccomp()
+    if lib is None:
+        raise OSError("libseccomp is not installed")
+    ctx = lib.seccomp_init(_SCMP_ACT_ALLOW)
+    if not ctx:
+        raise OSError("seccomp_init failed")
+    allowed = {_AF_NETLINK} | (set() if unix else {_AF_UNIX})
+    try:
+        nr = lib.seccomp_syscall_resolve_name(b"socket")
+        rules = [_ArgCmp(0, _SCMP_CMP_EQ, f, 0) for f in range(_AF_LAST + 1) if f not in allowed]
+        rules.append(_ArgCmp(0, _SCMP_CMP_GE, _AF_LAST + 1, 0))
+        for cmp in rules:
+            if lib.seccomp_rule_add_array(ctx, 0x00050000 | _EACCES, nr, 1, ctypes.byref(cmp)) < 0:
+                raise OSError(f"seccomp rule for socket family {cmp.datum_a}")
+        uring = lib.seccomp_syscall_resolve_name(b"io_uring_setup")
+        if uring >= 0 and lib.seccomp_rule_add_array(ctx, 0x00050000 | _EPERM, uring, 0, None) < 0:
+            raise OSError("seccomp rule for io_uring_setup")
+        _check(_libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        result = lib.seccomp_load(ctx)
+        if result < 0:
+            raise OSError(-result, f"seccomp_load: {os.strerror(-result)}")
+    finally:
+        lib.seccomp_release(ctx)
+    return "seccomp: no sockets but netlink, no io_uring" if unix else SECCOMP_WORDS
+
+
 def fallback_description(abi: int | None = None) -> str:
     abi = landlock_abi() if abi is None else abi
     parts = [f"Landlock ABI {abi}: writes only to its folders"]
@@ -149,6 +238,8 @@ def fallback_description(abi: int | None = None) -> str:
         parts.append("no TCP")
     if abi >= 6:
         parts.append("no signals outside")
+    if seccomp_available():
+        parts.append(SECCOMP_WORDS)
     parts += ["rlimits", "cleared environment", "fresh HOME"]
     return f"fallback ({', '.join(parts)})"
 
@@ -380,10 +471,14 @@ def confine_self() -> str:
     if kind == "none":
         return describe("none")
     set_rlimits()
+    if seccomp_available():
+        apply_seccomp()
     if kind == "fallback":
         writable = [Path(p) for p in os.environ.get(WRITABLE_ENV, "").split(os.pathsep) if p]
         return fallback_description(apply_landlock(writable))
-    return describe(kind)
+    return describe(kind) + (
+        " + seccomp (no internet or packet sockets, no io_uring)" if seccomp_available() else ""
+    )
 
 
 def sandboxed(

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -126,6 +127,58 @@ def test_a_loopback_listener_receives_nothing(sandboxed: dict) -> None:
         assert seen != "sent"
         with pytest.raises(TimeoutError):
             server.accept()
+
+
+@pytest.mark.skipif(not sandbox_mod.seccomp_available(), reason="libseccomp is not installed")
+def test_a_loopback_udp_listener_receives_nothing(sandboxed: dict) -> None:
+    """Landlock stops TCP only; the seccomp filter stops every internet socket (UDP here)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.settimeout(2.0)
+        port = server.getsockname()[1]
+        seen = run_code(
+            sandboxed["pool"],
+            f"""
+            import socket
+            try:
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                    s.sendto(b"{SECRET}", ("127.0.0.1", {port}))
+                result = "sent"
+            except OSError as exc:
+                result = type(exc).__name__
+            """,
+        )
+        assert seen == "PermissionError", seen
+        with pytest.raises(TimeoutError):
+            server.recvfrom(100)
+
+
+@pytest.mark.skipif(not sandbox_mod.seccomp_available(), reason="libseccomp is not installed")
+@pytest.mark.parametrize("unix", [False, True])
+def test_the_seccomp_filter_denies_every_socket_family_but_its_own(unix: bool) -> None:
+    code = f"""
+        import ctypes, json, socket
+        from dice.validator import sandbox
+        sandbox.apply_seccomp(unix={unix})
+        libc = ctypes.CDLL(None, use_errno=True)
+        seen = {{}}
+        for name, family in [("inet", 2), ("inet6", 10), ("packet", 17), ("vsock", 40), ("unix", 1),
+                             ("netlink", 16), ("high bits", 0x100000002), ("above AF_MAX", 46)]:
+            fd = libc.syscall(41, ctypes.c_long(family), 2 if name != "netlink" else 3, 0)
+            seen[name] = "ok" if fd >= 0 else ctypes.get_errno()
+        a, b = socket.socketpair()
+        seen["socketpair"] = "ok"
+        seen["io_uring"] = ctypes.get_errno() if libc.syscall(425, 1, ctypes.c_void_p(0)) < 0 else "ok"
+        print(json.dumps(seen))
+    """
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, check=True
+    )
+    seen = json.loads(out.stdout)
+    denied = {"inet", "inet6", "packet", "vsock", "high bits", "above AF_MAX"} | ({"unix"} if unix else set())
+    assert {k for k, v in seen.items() if v == 13} == denied, seen
+    assert seen["netlink"] == seen["socketpair"] == "ok" and seen["io_uring"] == 1, seen
+    assert seen["unix"] == (13 if unix else "ok")
 
 
 def test_a_candidate_cannot_kill_its_parent_and_an_honest_task_still_passes(sandboxed: dict) -> None:
