@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import socket
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,7 @@ def _confine(args: dict[str, Any]) -> None:
     task_dir = Path(args["task_dir"])
     (task_dir / "tmp").mkdir(parents=True, exist_ok=True)
     os.environ.update(HOME=str(task_dir), TMPDIR=str(task_dir / "tmp"))
+    tempfile.tempdir = None  # the zygote's preloads computed it from the worker's TMPDIR
     os.chdir(task_dir)
     if args.get("landlock") and landlock_abi() > 0:
         apply_landlock([Path(p) for p in args.get("writable") or []] + [task_dir])

@@ -25,6 +25,7 @@ on the CPU, ``load_inline`` in the runner served by the stand-ins of ``DICE_EMUL
 from __future__ import annotations
 
 import functools
+import gc
 import sys
 import time
 import traceback
@@ -186,6 +187,9 @@ def _run_judged(
         session.close()
         del model
         if device.type == "cuda":
+            # tensors held by reference cycles (a traceback's frames) first, else their blocks stay cached
+            # in this idle worker: idle workers holding 6-30 GiB each ran the working one out of memory
+            gc.collect()
             torch.cuda.empty_cache()
 
 
@@ -245,6 +249,9 @@ def _correctness_trials(
     drawn: list[str] = []
     saved: list[Any] = []
     for number, seed in enumerate(seeds, 1):
+        # The last trial's tensors go before the next are drawn: on a multi-GB problem (19: 6 GiB a tensor)
+        # two trials' worth at once ran the judge out of memory on the H200.
+        saved = []
         inputs, where_drawn = generate_inputs(ref, device, seed)
         if where_drawn not in drawn:
             drawn.append(where_drawn)
@@ -269,7 +276,9 @@ def _correctness_trials(
                 line,
             )
         worst = max(worst, cmp.max_abs_err or 0.0)
+        previous = None
         previous = (clone(trial.new_out), clone(trial.ref_out))
+        del trial, cmp, inputs, views
     return None, saved, worst, line
 
 

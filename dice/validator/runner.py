@@ -36,6 +36,7 @@ import os
 import re
 import socket
 import sys
+import tempfile
 import threading
 import traceback
 from pathlib import Path
@@ -112,6 +113,7 @@ def _confine(args: dict[str, Any]) -> None:
         CUPY_CACHE_DIR=str(task_dir / "cupy"),
         TORCH_EXTENSIONS_DIR=str(task_dir / "torch_extensions"),  # cpp_extension.load: a private build
     )
+    tempfile.tempdir = None  # the zygote's preloads computed it from the worker's TMPDIR
     os.chdir(task_dir)
 
 

@@ -151,6 +151,33 @@ def test_degenerate_output_directly() -> None:
     assert degenerate_output(torch.zeros(0), torch.zeros(0)) is None
 
 
+@pytest.mark.parametrize("case", ["close", "off", "nan", "inf", "small", "half", "noncontiguous"])
+def test_comparison_in_chunks_answers_as_on_whole_tensors(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dice.validator import gpu
+
+    gen = torch.Generator().manual_seed(3)
+    ref = torch.randn(37, 101, generator=gen)
+    new = ref + 1e-4 * torch.randn(37, 101, generator=gen)
+    if case == "off":
+        new[20, 50] += 0.5
+    elif case == "nan":
+        new[36, 100] = float("nan")
+    elif case == "inf":
+        ref[3, 3] = new[3, 3] = float("inf")
+    elif case == "small":
+        ref, new = ref * 1e-3, torch.zeros_like(ref)
+    elif case == "half":
+        ref, new = ref.half(), new.half()
+    elif case == "noncontiguous":
+        ref, new = ref.t(), new.t()
+    whole = compare_outputs(new, ref, atol=1e-2, rtol=1e-2)
+    monkeypatch.setattr(gpu, "COMPARE_CHUNK", 64)  # 59 chunks and a short last one
+    chunked = compare_outputs(new, ref, atol=1e-2, rtol=1e-2)
+    assert (chunked.correct, chunked.message) == (whole.correct, whole.message)
+    assert chunked.max_abs_err == pytest.approx(whole.max_abs_err)
+    assert whole.correct == (case in ("close", "inf", "half", "noncontiguous")), whole.message
+
+
 # ------------------------------------------------------------------------------------------------ GPU tests
 def _level1(shared_data: Path) -> dict[int, str]:
     path = shared_data / "kernelbench" / "problems.jsonl"

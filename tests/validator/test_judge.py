@@ -220,13 +220,15 @@ def test_seeds_differ_between_runs(judge) -> None:
 
 
 @pytest.mark.skipif(sandbox.landlock_abi() < 1, reason="the runner's extra layer needs Landlock")
-def test_runner_cannot_write_the_caches_it_does_not_build(judge) -> None:
+def test_runner_cannot_write_any_cache(judge) -> None:
     targets = [
         judge.cache_dir / "cupy" / "poison.cubin",
         judge.cache_dir / "nvcc" / "poison",
+        judge.cache_dir / "torch_ext" / "0123abcd" / "relu_ext_0123abcd.so",  # the builder's alone
+        judge.cache_dir / "torch_ext" / "0123abcd" / "dice_manifest.json",
         judge.root / "x",
     ]
-    for t in targets[:2]:
+    for t in targets[:4]:
         t.parent.mkdir(parents=True, exist_ok=True)
     probe = cand(
         f"""
