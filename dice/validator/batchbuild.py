@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from dice.validator import fastbuild
 from dice.validator.batchsource import Prepared, Unit, attribute, compose, prepare
-from dice.validator.builds import extension_key, import_source
+from dice.validator.builds import call_payload, extension_key, import_source
 from dice.validator.paths import source_hash
 from dice.validator.verdict import Verdict
 
@@ -84,20 +84,8 @@ class Call:
 
 def call_to_json(call: Call) -> dict[str, Any] | None:
     """A discovered call as plain data for the builder (None when its arguments are not plain data)."""
-    try:
-        text = json.dumps(
-            {
-                "candidate": call.candidate,
-                "name": call.name,
-                "cpp_sources": call.cpp_sources,
-                "cuda_sources": call.cuda_sources,
-                "args": list(call.args),
-                "kwargs": call.kwargs,
-            }
-        )
-    except (TypeError, ValueError):
-        return None
-    return json.loads(text)
+    payload = call_payload(call.name, call.cpp_sources, call.cuda_sources, call.args, call.kwargs)
+    return None if payload is None else {"candidate": call.candidate, **payload}
 
 
 def call_from_json(data: dict[str, Any]) -> Call:

@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import socket
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +60,10 @@ def serve(fd: int, mode: str, args: dict[str, Any]) -> int:
 
 def _confine(args: dict[str, Any]) -> None:
     """Its own HOME, TMPDIR and cwd; Landlock: writes only to the cache folders and the task folder."""
-    from dice.validator.sandbox import apply_landlock, landlock_abi
+    from dice.validator.sandbox import apply_landlock, enter_task_dir, landlock_abi
 
     task_dir = Path(args["task_dir"])
-    (task_dir / "tmp").mkdir(parents=True, exist_ok=True)
-    os.environ.update(HOME=str(task_dir), TMPDIR=str(task_dir / "tmp"))
-    tempfile.tempdir = None  # the zygote's preloads computed it from the worker's TMPDIR
-    os.chdir(task_dir)
+    enter_task_dir(task_dir)
     if args.get("landlock") and landlock_abi() > 0:
         apply_landlock([Path(p) for p in args.get("writable") or []] + [task_dir])
 

@@ -176,7 +176,6 @@ def cached_load_inline(
                 f"the extension built for {name!r} is missing or fails its content-hash check (build cache "
                 f"{build_dir})"
             )
-        record["cached"] = False
         return served
     finally:
         record["seconds"] = time.perf_counter() - start

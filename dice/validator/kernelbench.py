@@ -276,7 +276,7 @@ def _correctness_trials(
                 line,
             )
         worst = max(worst, cmp.max_abs_err or 0.0)
-        previous = None
+        previous = None  # the older pair goes before the new one is copied
         previous = (clone(trial.new_out), clone(trial.ref_out))
         del trial, cmp, inputs, views
     return None, saved, worst, line

@@ -36,7 +36,6 @@ import os
 import re
 import socket
 import sys
-import tempfile
 import threading
 import traceback
 from pathlib import Path
@@ -52,6 +51,7 @@ class Channel:
         self.sock = sock
         self._buffer = b""
         self._fds: list[int] = []
+        self._builds = 0
 
     def receive(self) -> tuple[dict[str, Any], list[int]]:
         while b"\n" not in self._buffer:
@@ -72,7 +72,7 @@ class Channel:
     def build(self, call: dict[str, Any]) -> dict[str, Any]:
         """Ask the judge to have ``call`` (a ``load_inline`` call as plain data) built into the cache, which
         this process cannot write (:mod:`dice.validator.builder`); the outcome ``{"ok", "message", ...}``."""
-        self._builds = getattr(self, "_builds", 0) + 1
+        self._builds += 1
         self.send({"event": "build", "request": self._builds, "call": call})
         reply, _fds = self.receive()
         if reply.get("op") != "built" or reply.get("request") != self._builds:
@@ -104,17 +104,16 @@ def serve(fd: int, mode: str, args: dict[str, Any]) -> int:
 
 
 def _confine(args: dict[str, Any]) -> None:
-    """Before any candidate code: a private task folder, HOME, TMPDIR and CuPy cache."""
+    """Before any candidate code: a private task folder, HOME, TMPDIR, CuPy cache and torch extensions
+    folder (``cpp_extension.load``: a private build)."""
+    from dice.validator.sandbox import enter_task_dir
+
     task_dir = Path(args["task_dir"])
-    (task_dir / "tmp").mkdir(parents=True, exist_ok=True)
-    os.environ.update(
-        HOME=str(task_dir),
-        TMPDIR=str(task_dir / "tmp"),
+    enter_task_dir(
+        task_dir,
         CUPY_CACHE_DIR=str(task_dir / "cupy"),
-        TORCH_EXTENSIONS_DIR=str(task_dir / "torch_extensions"),  # cpp_extension.load: a private build
+        TORCH_EXTENSIONS_DIR=str(task_dir / "torch_extensions"),
     )
-    tempfile.tempdir = None  # the zygote's preloads computed it from the worker's TMPDIR
-    os.chdir(task_dir)
 
 
 def _landlock(args: dict[str, Any]) -> None:

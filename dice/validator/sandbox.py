@@ -388,6 +388,18 @@ def sandboxed_pid(info_fd: int | None, timeout: float = 5.0) -> int | None:
     return None
 
 
+def enter_task_dir(task_dir: Path, **env: str) -> None:
+    """A runner's or builder's own folder: HOME, TMPDIR (``<task_dir>/tmp``) and cwd there, plus ``env``.
+    ``tempfile``'s cached folder is reset: the zygote's preloads computed it from the worker's TMPDIR,
+    which a Landlock layer of the task's own leaves read-only."""
+    import tempfile
+
+    (task_dir / "tmp").mkdir(parents=True, exist_ok=True)
+    os.environ.update(HOME=str(task_dir), TMPDIR=str(task_dir / "tmp"), **env)
+    tempfile.tempdir = None
+    os.chdir(task_dir)
+
+
 def set_rlimits() -> None:
     """No core files, a file size cap, and a process cap well above what nvcc, gcc and ninja need."""
     user_processes = 0
@@ -471,14 +483,11 @@ def confine_self() -> str:
     if kind == "none":
         return describe("none")
     set_rlimits()
-    if seccomp_available():
-        apply_seccomp()
+    words = apply_seccomp() if seccomp_available() else None
     if kind == "fallback":
         writable = [Path(p) for p in os.environ.get(WRITABLE_ENV, "").split(os.pathsep) if p]
         return fallback_description(apply_landlock(writable))
-    return describe(kind) + (
-        " + seccomp (no internet or packet sockets, no io_uring)" if seccomp_available() else ""
-    )
+    return describe(kind) + (f" + {words}" if words else "")
 
 
 def sandboxed(
