@@ -1,4 +1,4 @@
-"""GPU-side helpers used inside worker processes: torch-friendly CuPy modules, CUDA-event timing, comparison.
+"""GPU-side helpers used inside worker processes: torch-friendly CuPy modules, the L2 flush, comparison.
 
 Nothing here runs in the caller's process; torch and CuPy are imported lazily by the worker.
 """
@@ -6,9 +6,8 @@ Nothing here runs in the caller's process; torch and CuPy are imported lazily by
 from __future__ import annotations
 
 import math
-import statistics
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,15 +64,6 @@ class TorchModule:
             raise AttributeError(f"the compiled module has no kernel named {name!r} ({exc})") from exc
 
 
-@dataclass
-class Timing:
-    mean_ms: float
-    median_ms: float
-    std_ms: float
-    min_ms: float
-    trials: int
-
-
 class L2Flusher:
     """Overwrites a buffer twice the L2 size between timed calls, so each trial starts with a cold cache."""
 
@@ -86,42 +76,6 @@ class L2Flusher:
 
     def __call__(self) -> None:
         self.buffer.zero_()
-
-
-def time_cuda(
-    fn: Callable[..., Any],
-    arg_sets: Sequence[Sequence[Any]],
-    *,
-    warmup: int = 3,
-    trials: int = 100,
-    flush: L2Flusher | None = None,
-) -> Timing:
-    """Milliseconds per call from CUDA events on the current stream, after ``warmup`` calls.
-
-    Trials rotate over ``arg_sets`` (fresh inputs) and flush L2 before each start event.
-    """
-    import torch
-
-    for i in range(warmup):
-        fn(*arg_sets[i % len(arg_sets)])
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
-    for i in range(trials):
-        if flush is not None:
-            flush()
-        starts[i].record()
-        fn(*arg_sets[i % len(arg_sets)])
-        ends[i].record()
-    torch.cuda.synchronize()
-    times = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-    return Timing(
-        mean_ms=statistics.fmean(times),
-        median_ms=statistics.median(times),
-        std_ms=statistics.pstdev(times),
-        min_ms=min(times),
-        trials=trials,
-    )
 
 
 def flatten(obj: Any) -> list[Any]:

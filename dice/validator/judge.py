@@ -13,14 +13,15 @@ constructs ``ModelNew``; it sees its inputs and writes its outputs only through 
   own memory. The guards that need the candidate's objects (thread count, output types and dtypes,
   aliasing, replaced library functions, the profiled kernel launch) are observed in the runner and can only
   reject.
-- **Timing from outside**: per round the judge writes an input set into the buffers, poisons the slots,
-  flushes L2, synchronises its device, then sends ``run`` and stops its clock at ``done`` (the runner copies
-  its outputs into the slots and synchronises first). The round trip of ``noop`` (the same copy and
-  synchronisation, no forward) is the baseline subtracted. After each round the judge checks the slots
-  against the reference's output for that set: a runner that says ``done`` before its work finished reads
-  back poison and is rejected (``outputs_not_ready``), so finishing early gains nothing. The reference is
-  timed in this process the same way (host clock around the call and a device synchronisation, an empty
-  synchronisation subtracted).
+- **Timing from outside**, round by round (:func:`time_rounds`): a fresh input set each round, drawn from
+  a seed nothing in the candidate can know (:class:`Draws`; a few rotated only when drawing is too slow, and
+  the log says so), so remembering outputs by their inputs gains nothing. The reference runs on the judge's
+  copy between device synchronisations; then the judge poisons the slots, flushes L2, synchronises, sends
+  ``run`` and stops its clock at ``done`` (the runner copies its outputs into the slots and synchronises
+  first). The round trip of ``noop`` (the same copy and synchronisation, no forward) is the baseline
+  subtracted, as an empty synchronisation is from the reference's. After each round the judge checks the
+  slots against the reference's output: a runner that says ``done`` before its work finished reads back
+  poison and is rejected (``outputs_not_ready``), so finishing early gains nothing.
 - **The channel**: replies carry their request's id; a reply that is not valid JSON, has another id or
   another event than asked is a protocol violation (``rejected``, the runner killed). The judge's own result
   pipe to the pool is not in the runner's reach (the zygote is started with only its control socket).
@@ -169,6 +170,15 @@ class RunnerProcess:
             self.zygote.wait(self.pid, 5.0)
 
 
+def _by_value(x: Any) -> dict[str, Any]:
+    """An input sent by value: ``{"value": x}`` when it is plain JSON, else ``{"pickle": base64}``."""
+    import pickle
+
+    if isinstance(x, (int, float, bool, str, type(None))) and not (isinstance(x, float) and x != x):
+        return {"value": x}
+    return {"pickle": base64.b64encode(pickle.dumps(x)).decode()}
+
+
 def dump_value(value: Any) -> str:
     import torch
 
@@ -200,48 +210,56 @@ class Session:
     def __init__(self, runner: RunnerProcess, device: Any) -> None:
         self.runner = runner
         self.device = device
+        self.started = ""  # how the runner's start went, for the log
         self.in_buffers: Any = None
         self.out_buffers: Any = None
         self._in_layout: Any = None
+        self._values: Any = None
         self._out_layout: Any = None
 
     def put_inputs(self, inputs: list[Any]) -> list[Any]:
-        """Write ``inputs`` into the shared buffers (new buffers when the layout changed); the judge's views
-        of them, in argument order (non-tensors as they are)."""
-        import torch
-
+        """Write ``inputs`` into the shared buffers (new buffers when the tensors' layout changed); the
+        judge's views of them, in argument order (other values as they are). Tensors on this session's
+        device are shared; anything else (plain values, NumPy scalars, a CPU tensor in a GPU run) is sent
+        by value: as JSON where it is plain, else pickled (judge to runner only: the runner trusts the judge,
+        never the reverse), and sent again only when it changed."""
         from dice.validator.shared_tensors import SharedBuffers
 
+        shared = [self._shared(x) for x in inputs]
         layout = [
-            ("t", str(x.dtype), tuple(x.shape), x.stride(), x.storage_offset(), x.untyped_storage().nbytes())
-            if isinstance(x, torch.Tensor)
-            else ("v", repr(x))
-            for x in inputs
-        ]
+            (str(x.dtype), tuple(x.shape), x.stride(), x.storage_offset(), x.untyped_storage().nbytes())
+            for x, s in zip(inputs, shared, strict=True)
+            if s
+        ] + [i for i, s in enumerate(shared) if s]
+        values = [_by_value(x) for x, s in zip(inputs, shared, strict=True) if not s]
         if layout != self._in_layout:
-            values = [x for x in inputs if not isinstance(x, torch.Tensor)]
-            if any(not isinstance(v, (int, float, bool, str, type(None))) for v in values):
-                raise ValueError("get_inputs() returned a value that is neither a tensor nor a plain number")
             if self.in_buffers is not None:
                 self.in_buffers.close()
-            self.in_buffers = SharedBuffers([x for x in inputs if isinstance(x, torch.Tensor)], self.device)
-            described = iter(self.in_buffers.descriptors())
-            specs = [
-                {"tensor": True, **next(described)} if isinstance(x, torch.Tensor) else {"value": x}
-                for x in inputs
-            ]
+            self.in_buffers = SharedBuffers(
+                [x for x, s in zip(inputs, shared, strict=True) if s], self.device
+            )
+            described, sent = iter(self.in_buffers.descriptors()), iter(values)
+            specs = [{"tensor": True, **next(described)} if s else next(sent) for s in shared]
             self.runner.request("inputs", "ok", fds=self.in_buffers.fds, inputs=specs)
-            self._in_layout = layout
-        shared = iter(self.in_buffers.tensors)
+            self._in_layout, self._values = layout, values
+        elif values != self._values:
+            self.runner.request("values", "ok", values=values)
+            self._values = values
+        buffers = iter(self.in_buffers.tensors)
         views = []
-        for x in inputs:
-            if isinstance(x, torch.Tensor):
-                view = next(shared)
+        for x, s in zip(inputs, shared, strict=True):
+            if s:
+                view = next(buffers)
                 view.copy_(x)
                 views.append(view)
             else:
                 views.append(x)
         return views
+
+    def _shared(self, x: Any) -> bool:
+        import torch
+
+        return isinstance(x, torch.Tensor) and x.device.type == self.device.type
 
     def slots_like(self, ref_out: Any) -> list[Any]:
         """The output slots, shaped like the reference's output tensors (new ones when they changed)."""
@@ -403,75 +421,124 @@ def runner_rejection(claim: Any) -> Verdict:
 
 
 BASELINE_ROUNDS = 20
+DRAW_BUDGET_S = 20.0  # fresh input sets for every timing round while drawing them all takes at most this
+MAX_KEPT_SETS = 3  # above it: this many sets, rotated (a set takes too long to draw for every round)
 
 
-def time_candidate(
+class Draws:
+    """The input sets of the timing rounds: a fresh one every round, from a seed nothing in the candidate
+    can know (:func:`random_seeds`), so a candidate that remembers outputs by their inputs' content gains
+    nothing; or, when one set takes so long to draw that every round's would exceed :data:`DRAW_BUDGET_S`,
+    a few rotated (the log says so: repeats could then be remembered). ``draw(seed)`` makes a set."""
+
+    def __init__(self, draw: Callable[[int], list[Any]], rounds: int, max_kept: int = MAX_KEPT_SETS) -> None:
+        self._draw = draw
+        self.seeds = random_seeds(rounds)
+        started = time.perf_counter()
+        first = draw(self.seeds[0])
+        took = time.perf_counter() - started
+        self.fresh = took * rounds <= DRAW_BUDGET_S
+        self._first: list[Any] | None = first
+        self._kept: list[list[Any]] = []
+        if self.fresh:
+            self.describe = f"a fresh input set every round ({rounds}, seeds drawn at random)"
+            return
+        count = max(1, min(max_kept, int(DRAW_BUDGET_S / max(took, 1e-9)), rounds))
+        self._kept = [first] + [draw(s) for s in self.seeds[1:count]]
+        self._first = None
+        self.describe = (
+            f"{count} input set(s) rotated over {rounds} rounds (drawing one takes {took:.2f} s, too long "
+            "for a fresh one every round): a candidate remembering outputs by content could gain in repeats"
+        )
+
+    def __call__(self, i: int) -> list[Any]:
+        if self._kept:
+            return self._kept[i % len(self._kept)]
+        if i == 0 and self._first is not None:
+            first, self._first = self._first, None
+            return first
+        return self._draw(self.seeds[i])
+
+    def close(self) -> None:
+        self._kept, self._first = [], None
+
+
+class Mismatch:
+    """A timing round whose outputs were wrong: ``round`` (1-based), ``seed``, the comparison's message;
+    ``unwritten``: the slots still held poison (NaN where the reference has none) when "done" came."""
+
+    def __init__(self, round_number: int, seed: int, message: str, unwritten: bool) -> None:
+        self.round, self.seed, self.message, self.unwritten = round_number, seed, message, unwritten
+
+
+def unwritten(slots: list[Any], want: Any) -> bool:
+    """Whether a floating slot holds more NaN than the reference's output: poison :func:`poison` wrote that
+    the runner did not overwrite."""
+    import torch
+
+    for slot, ref in zip(slots, tensors(want), strict=False):
+        floating = slot.is_floating_point() and ref.shape == slot.shape
+        if floating and int(torch.isnan(slot).sum()) > int(torch.isnan(ref).sum()):
+            return True
+    return False
+
+
+def time_rounds(
     session: Session,
-    arg_sets: list[list[Any]],
-    expected: list[Any],
+    reference: Callable[..., Any],
+    draws: Draws,
     flush: Any,
     tolerance: tuple[float, float],
     *,
     warmup: int,
     trials: int,
-) -> dict[str, float] | Verdict:
-    """Rounds of ``run`` timed on this process's clock from "go" to "done", the outputs checked after each
-    (a wrong read-back is ``outputs_not_ready``: the runner said done before its outputs were there), minus
-    the median ``noop`` round trip. The times, or the rejection."""
+) -> tuple[dict[str, float], dict[str, float]] | Mismatch:
+    """The reference and the candidate timed round by round on this process's clock, on the same input set
+    (:class:`Draws`), L2 flushed before each: the reference here between device synchronisations, the
+    candidate from "go" (``run``) to "done", its outputs checked against the reference's after each (a
+    runner that says done before its work finished reads back poison). Minus the median empty
+    synchronisation (reference) and the median ``noop`` round trip (candidate). ``(reference, candidate)``
+    summaries, or the first round whose outputs were wrong."""
     from dice.validator.gpu import compare_outputs, flatten
 
-    slots = session.slots_like(expected[0])
-    count = len(arg_sets)
-
-    def prepare(i: int) -> None:
-        session.put_inputs(arg_sets[i % count])
+    device = session.device
+    ref_times: list[float] = []
+    new_times: list[float] = []
+    slots: list[Any] = []
+    for i in range(warmup + trials):
+        args = draws(i)
+        session.put_inputs(args)  # before the reference, which may change its inputs in place
+        flush()
+        sync(device)
+        t0 = time.perf_counter()
+        want = reference(*args)
+        sync(device)
+        ref_ms = (time.perf_counter() - t0) * 1e3
+        slots = session.slots_like(want)
         poison(slots)
         flush()
-        sync(session.device)
-
-    times = []
-    for i in range(warmup + trials):
-        prepare(i)
+        sync(device)
         t0 = time.perf_counter()
         session.runner.request("run", "done")
-        elapsed = (time.perf_counter() - t0) * 1e3
-        want = expected[i % count]
+        new_ms = (time.perf_counter() - t0) * 1e3
         got = rebuild(want, slots, [x for x in flatten(want) if not _is_tensor(x)])
         cmp = compare_outputs(got, want, atol=tolerance[0], rtol=tolerance[1])
         if not cmp.correct:
-            return rejected(
-                "outputs_not_ready",
-                f"the outputs read back after 'done' are wrong ({cmp.message})",
-                where=f" (timing round {i + 1})",
-            )
+            return Mismatch(i + 1, draws.seeds[i], cmp.message, unwritten(slots, want))
         if i >= warmup:
-            times.append(elapsed)
-    baseline = []
-    for i in range(BASELINE_ROUNDS):
-        prepare(i)
+            ref_times.append(ref_ms)
+            new_times.append(new_ms)
+        del args, want, got  # before the next set is drawn: multi-GB problems hold one at a time
+    ref_base = host_times(lambda i: None, device, BASELINE_ROUNDS, lambda i: flush())
+    new_base = []
+    for _ in range(BASELINE_ROUNDS):
+        poison(slots)
+        flush()
+        sync(device)
         t0 = time.perf_counter()
         session.runner.request("noop", "done")
-        baseline.append((time.perf_counter() - t0) * 1e3)
-    return summary(times, baseline)
-
-
-def time_reference(
-    model: Any, arg_sets: list[list[Any]], device: Any, flush: Any, *, warmup: int, trials: int
-) -> dict[str, float]:
-    """The reference on this process's clock, as the candidate is timed: L2 flushed, the call between
-    device synchronisations, the median empty synchronisation subtracted."""
-    count = len(arg_sets)
-
-    def call(i: int) -> None:
-        model(*arg_sets[i % count])
-
-    def before(i: int) -> None:
-        flush()
-
-    host_times(call, device, warmup, before)
-    times = host_times(call, device, trials, before)
-    baseline = host_times(lambda i: None, device, BASELINE_ROUNDS, before)
-    return summary(times, baseline)
+        new_base.append((time.perf_counter() - t0) * 1e3)
+    return summary(ref_times, ref_base), summary(new_times, new_base)
 
 
 def _is_tensor(x: Any) -> bool:

@@ -36,6 +36,9 @@ from dice.validator.builds import describe_builds, import_source
 from dice.validator.gpu import L2Flusher, compare_outputs
 from dice.validator.guards import analyze_candidate, static_guards
 from dice.validator.judge import (
+    MAX_KEPT_SETS,
+    Draws,
+    Mismatch,
     Session,
     meta,
     poison,
@@ -44,8 +47,7 @@ from dice.validator.judge import (
     runner_rejection,
     sync,
     task_args,
-    time_candidate,
-    time_reference,
+    time_rounds,
 )
 from dice.validator.kbsetup import SEED, construct_model, draw_init_inputs, generate_inputs
 from dice.validator.kbstatic import static_compile_check
@@ -233,8 +235,10 @@ def _check_and_time(
             log="\n".join(log),
             flags=flags,
         )
+    input_bytes = sum(x.numel() * x.element_size() for x in tensors(last_inputs))
+    del last_inputs  # one set at a time (multi-GB problems): timing draws its own
     return _timed_verdict(
-        session, model, ref, device, last_inputs, (atol, rtol), worst, flags, log, device_name
+        session, model, ref, device, input_bytes, (atol, rtol), worst, flags, log, device_name
     )
 
 
@@ -355,26 +359,41 @@ def _timed_verdict(
     model: Any,
     ref: ModuleType,
     device: Any,
-    inputs: list[Any],
+    input_bytes: int,
     tolerance: tuple[float, float],
     worst: float,
     flags: list[str],
     log: list[str],
     device_name: str | None,
 ) -> Verdict:
-    """Time the candidate from the judge (go/done round trips, outputs checked after each) and the
-    reference here, on the same input sets; the verdict with the speedup."""
-    arg_sets = [inputs]
-    input_bytes = sum(x.numel() * x.element_size() for x in tensors(inputs))
-    if _fits(device, input_bytes):
-        arg_sets += [generate_inputs(ref, device, seed)[0] for seed in random_seeds(2)]
-    expected = [clone(model(*clone(s))) for s in arg_sets]
+    """Time the reference here and the candidate from the judge (go/done round trips, outputs checked after
+    each), round by round on the same fresh input set (:class:`Draws`); the verdict with the speedup."""
+    rounds = WARMUP + TIMING_TRIALS
+    # drawn on the device, whatever the size: every round's set, on the CPU, would take minutes (kbsetup)
+    draws = Draws(
+        lambda seed: generate_inputs(ref, device, seed, cpu_limit=0)[0],
+        rounds,
+        max_kept=MAX_KEPT_SETS if _fits(device, input_bytes) else 1,
+    )
     flush = L2Flusher(device) if device.type == "cuda" else (lambda: None)
-    new_t = time_candidate(session, arg_sets, expected, flush, tolerance, warmup=WARMUP, trials=TIMING_TRIALS)
-    if isinstance(new_t, Verdict):
-        new_t.log = "\n".join(log)
-        return new_t
-    ref_t = time_reference(model, arg_sets, device, flush, warmup=WARMUP, trials=TIMING_TRIALS)
+    timed = time_rounds(session, model, draws, flush, tolerance, warmup=WARMUP, trials=TIMING_TRIALS)
+    draws.close()
+    if isinstance(timed, Mismatch) and timed.unwritten:
+        return rejected(
+            "outputs_not_ready",
+            f"the outputs read back after 'done' are not all written ({timed.message})",
+            where=f" (timing round {timed.round})",
+            log="\n".join(log),
+        )
+    if isinstance(timed, Mismatch):  # a fresh input set of the timing rounds that the candidate gets wrong
+        return Verdict(
+            "incorrect",
+            True,
+            False,
+            message=f"incorrect (timing round {timed.round}, a fresh input set): {timed.message}",
+            log="\n".join(log),
+        )
+    ref_t, new_t = timed
     log.append(
         f"reference (eager, live, host clock): mean {ref_t['mean_ms']:.5f} ms, "
         f"median {ref_t['median_ms']:.5f}, std {ref_t['std_ms']:.5f} "
@@ -386,8 +405,7 @@ def _timed_verdict(
         f"{new_t['baseline_ms']:.5f} ms, subtracted); outputs checked after every round"
     )
     log.append(
-        f"device: {device_name}; {WARMUP} warm-up, {TIMING_TRIALS} trials, L2 flushed, "
-        f"{len(arg_sets)} input set(s)"
+        f"device: {device_name}; {WARMUP} warm-up, {TIMING_TRIALS} trials, L2 flushed; {draws.describe}"
     )
     speedup = ref_t["mean_ms"] / new_t["mean_ms"] if new_t["mean_ms"] > 0 else None
     message = f"correct ({CORRECTNESS_TRIALS} trials, atol={tolerance[0]:g}); "

@@ -83,14 +83,11 @@ class Channel:
 def serve(fd: int, mode: str, args: dict[str, Any]) -> int:
     """The runner's main: ``mode`` "kernelbench" (the protocol above) or "prebuild" (a batched build,
     whose discovery imports candidates)."""
-    sock = socket.socket(fileno=fd)
-    channel = Channel(sock)
-    os.closerange(3, fd)
-    os.closerange(fd + 1, 1 << 16)
+    channel = open_channel(fd)
     try:
-        _confine(args)
+        confine(args)
         if mode == "prebuild":
-            _landlock(args)
+            lock_down(args)
             return _discover(channel, args)
         if mode == "kernelbench":
             return KernelBenchRunner(channel, args).serve()
@@ -99,11 +96,20 @@ def serve(fd: int, mode: str, args: dict[str, Any]) -> int:
         )
     except Exception as exc:  # noqa: BLE001 - reported, then this process ends
         with contextlib.suppress(OSError):
-            channel.send(_error(0, "runtime_error", f"runner failed: {type(exc).__name__}: {exc}"))
+            channel.send(error_reply(0, "runtime_error", f"runner failed: {type(exc).__name__}: {exc}"))
     return 1
 
 
-def _confine(args: dict[str, Any]) -> None:
+def open_channel(fd: int) -> Channel:
+    """The runner's channel on ``fd``; every other descriptor it inherited (above the standard three)
+    closed."""
+    sock = socket.socket(fileno=fd)
+    os.closerange(3, fd)
+    os.closerange(fd + 1, 1 << 16)
+    return Channel(sock)
+
+
+def confine(args: dict[str, Any]) -> None:
     """Before any candidate code: a private task folder, HOME, TMPDIR, CuPy cache and torch extensions
     folder (``cpp_extension.load``: a private build)."""
     from dice.validator.sandbox import enter_task_dir
@@ -116,7 +122,7 @@ def _confine(args: dict[str, Any]) -> None:
     )
 
 
-def _landlock(args: dict[str, Any]) -> None:
+def lock_down(args: dict[str, Any]) -> None:
     """Landlock on top of the worker's sandbox where available: writes only to the task folder (the build
     cache is the builder's); seccomp: no new socket but netlink. Applied after CUDA started
     in the runner and before the candidate is imported."""
@@ -128,7 +134,7 @@ def _landlock(args: dict[str, Any]) -> None:
         apply_seccomp(unix=True)  # its channel to the judge exists already
 
 
-def _error(request_id: int, status: str, message: str, log: str = "") -> dict[str, Any]:
+def error_reply(request_id: int, status: str, message: str, log: str = "") -> dict[str, Any]:
     return {"id": request_id, "event": "error", "status": status, "message": message, "log": log[-20000:]}
 
 
@@ -149,6 +155,16 @@ def _discover(channel: Channel, args: dict[str, Any]) -> int:
     return 0
 
 
+def by_value(spec: dict[str, Any]) -> Any:
+    """An input the judge sent by value: plain JSON, or pickled by the judge (this process trusts the judge;
+    nothing it sends back is ever unpickled)."""
+    import pickle
+
+    if "pickle" in spec:
+        return pickle.loads(base64.b64decode(spec["pickle"]))  # noqa: S301 - written by the judge
+    return spec["value"]
+
+
 def load_value(text: str) -> Any:
     """Values the judge sends with ``torch.save`` (init inputs): loaded with ``weights_only``."""
     import torch
@@ -164,6 +180,7 @@ class KernelBenchRunner:
         self.args = args
         self.device = torch.device(args.get("device", "cuda"))
         self.inputs: list[Any] = []
+        self._by_value: list[int] = []
         self.slots: list[Any] = []
         self.last_out: Any = None
         self.model: Any = None
@@ -177,15 +194,7 @@ class KernelBenchRunner:
     def serve(self) -> int:
         if not self._start():
             return 1
-        handlers = {
-            "inputs": self._inputs,
-            "outputs": self._outputs,
-            "trial": self._trial,
-            "launch": self._launch,
-            "run": self._run,
-            "noop": self._noop,
-            "check": self._check,
-        }
+        handlers = self.handlers()
         import torch
 
         while True:
@@ -201,9 +210,21 @@ class KernelBenchRunner:
                 with torch.no_grad():
                     reply = handler(request, fds)
             except Exception as exc:  # noqa: BLE001 - the candidate's failure (or a CUDA error): reported
-                self.channel.send(_error(rid, "runtime_error", _short(exc), traceback.format_exc()))
+                self.channel.send(error_reply(rid, "runtime_error", short(exc), traceback.format_exc()))
                 return 1
             self.channel.send({"id": rid, **reply})
+
+    def handlers(self) -> dict[str, Any]:
+        return {
+            "inputs": self._inputs,
+            "values": self._values,
+            "outputs": self._outputs,
+            "trial": self._trial,
+            "launch": self._launch,
+            "run": self._run,
+            "noop": self._noop,
+            "check": self._check,
+        }
 
     def _start(self) -> bool:
         """Import the candidate and construct ``ModelNew``; the ``ready`` reply (request id 0)."""
@@ -228,7 +249,7 @@ class KernelBenchRunner:
             torch.cuda.init()
             torch.cuda.set_device(self.device)
         lap("cuda")
-        _landlock(self.args)
+        lock_down(self.args)
         lap("sandbox")
         import torch._dynamo  # noqa: F401 - its import wraps torch.manual_seed: before the snapshot
         import torch.profiler  # noqa: F401 - before the snapshot, as the candidate's import may use it
@@ -254,7 +275,7 @@ class KernelBenchRunner:
             status = "compile_error" if stage.startswith("building") else "runtime_error"
             self.channel.send(
                 {
-                    **_error(0, status, f"{stage} failed: {_short(exc)}", traceback.format_exc()),
+                    **error_reply(0, status, f"{stage} failed: {short(exc)}", traceback.format_exc()),
                     "records": _plain_records(records),
                 }
             )
@@ -278,7 +299,17 @@ class KernelBenchRunner:
 
         specs = request["inputs"]
         tensors = iter(open_buffers([s for s in specs if "tensor" in s], fds, self.device))
-        self.inputs = [next(tensors) if "tensor" in s else s["value"] for s in specs]
+        self.inputs = [next(tensors) if "tensor" in s else by_value(s) for s in specs]
+        self._by_value = [i for i, s in enumerate(specs) if "tensor" not in s]
+        return {"event": "ok"}
+
+    def _values(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        """New values for the inputs sent by value (the shared tensors stay)."""
+        values = list(request["values"])
+        if len(values) != len(self._by_value):
+            raise ValueError(f"{len(values)} values for {len(self._by_value)} inputs sent by value")
+        for i, value in zip(self._by_value, values, strict=True):
+            self.inputs[i] = by_value(value)
         return {"event": "ok"}
 
     def _outputs(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
@@ -418,7 +449,7 @@ def _tensor_leaves(out: Any) -> list[Any]:
     return [x for x in flatten(out) if isinstance(x, torch.Tensor)]
 
 
-def _short(exc: BaseException, limit: int = 600) -> str:
+def short(exc: BaseException, limit: int = 600) -> str:
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= limit else text[:limit] + " ..."
 

@@ -53,7 +53,7 @@ def _preload() -> None:
     with contextlib.suppress(ImportError):
         import cupy  # noqa: F401
 
-    from dice.validator import builds, fastbuild, kbsetup, runner  # noqa: F401
+    from dice.validator import builds, cu_runner, fastbuild, kbsetup, runner  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,6 +110,8 @@ def _spawn(control: socket.socket, request: dict[str, Any], fds: list[int]) -> d
             not_dumpable(True)  # CUDA does not start otherwise (see not_dumpable)
             if request.get("role") == "builder":
                 from dice.validator.builder import serve
+            elif request.get("mode") == "cu":
+                from dice.validator.cu_runner import serve
             else:
                 from dice.validator.runner import serve
 

@@ -59,10 +59,12 @@ class EmulatedJudge:
     process is the judge, its runners are forked by a real zygote."""
 
     def __init__(self, root: Path) -> None:
+        from dice.validator.context import Integrity
         from dice.validator.zygote_client import Zygote
 
         self.gpu, self.emulated = False, True
         self.device_name = "CPU (the GPU path emulated)"
+        self.integrity = Integrity()
         self.root = root
         self.cache_dir = root / "cache"
         self._count = 0

@@ -175,6 +175,33 @@ def test_cheat_is_caught_and_the_next_honest_candidate_is_correct(judge, name: s
     assert after.status == "correct", after.message + after.log
 
 
+# Remembers each output by its input's content: 20 ms the first time it sees an input, a copy afterwards. With
+# timing's input sets rotated, every round after the warm-up was a copy (a 100x "speedup"); with a fresh
+# set every round, none is.
+MEMOISED = """
+import time
+import torch
+MEMO = {}
+
+def remembered(x, compute):
+    key = tuple(x.flatten()[:8].tolist())
+    hit = MEMO.get(key)
+    if hit is not None:
+        return hit.clone()
+    time.sleep(0.02)
+    out = compute(x)
+    MEMO[key] = out.clone()
+    return out
+"""
+
+
+def test_remembering_outputs_by_input_gains_nothing_in_timing(judge) -> None:
+    v = judged(judge, cand(MEMOISED, "remembered(x, lambda t: torch.clamp_min(t, 0.0))"))
+    assert v.status == "correct", v.message + v.log
+    assert v.new_ms is not None and v.new_ms >= 15.0, v.log
+    assert "a fresh input set every round (103, seeds drawn at random)" in v.log
+
+
 @pytest.fixture(scope="module")
 def gpu_judge(tmp_path_factory: pytest.TempPathFactory):
     """This process as a GPU worker's judge (CUDA started, not dumpable), runners from a real zygote."""
@@ -209,6 +236,14 @@ def test_cheat_is_caught_on_the_gpu(gpu_judge, name: str) -> None:
     after = judged(gpu_judge, gpu_cand(""))
     assert after.status == "correct", after.message + after.log
     assert "relu_kernel" in after.log and after.speedup
+
+
+@pytest.mark.gpu
+def test_remembering_outputs_gains_nothing_on_the_gpu(gpu_judge) -> None:
+    expr = "remembered(x, lambda t: relu_ext.relu_forward(t, t.numel()))"
+    v = judged(gpu_judge, gpu_cand(MEMOISED, expr))
+    assert v.status == "correct", v.message + v.log
+    assert v.new_ms is not None and v.new_ms >= 15.0, v.log
 
 
 def test_seeds_differ_between_runs(judge) -> None:
