@@ -9,6 +9,9 @@ launch check (CUPTI starts in each runner), and the whole verdict, with and with
     python3 benchmarks/runner_cost.py --out results.jsonl            # on a GPU machine
     python3 benchmarks/runner_cost.py --smoke-cpu --out /tmp/x.jsonl # the GPU path emulated on the CPU
 
+``--cu N`` adds N ``.cu`` spec runs (a vector kernel, 1 Mi elements): the fill's runner started, its module
+compiled by CuPy (the first run; later ones find CuPy's cache), the spec's launch compared and timed.
+
 ``--variant open`` runs the runner without its Landlock layer and the judge dumpable (diagnosis only: if
 CUDA IPC fails in the default, this says whether the isolation is why).
 """
@@ -35,12 +38,13 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--candidates", type=int, default=8)
     ap.add_argument("--smoke-cpu", action="store_true")
+    ap.add_argument("--cu", type=int, default=0, help=".cu spec runs after the candidates")
     ap.add_argument("--variant", choices=["default", "open"], default="default")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="dice-runner-cost-"))
     os.environ.setdefault("DICE_CACHE_DIR", str(root / "cache"))
     if args.smoke_cpu:
-        (root / "standins.py").write_text(STANDINS)
+        (root / "standins.py").write_text(STANDINS + CU_STANDIN)
         os.environ.update(DICE_VALIDATOR_EMULATE="cpu", DICE_EMULATED_EXTENSIONS=str(root / "standins.py"))
     import torch
 
@@ -95,8 +99,65 @@ def main() -> int:
             print(json.dumps({k: v for k, v in row.items() if k != "log"}), flush=True)
             if verdict.status != "correct":
                 print(verdict.log[-3000:], flush=True)
+        for i in range(args.cu):
+            row = _cu_run(ctx, i, "cuda" if gpu else "cpu")
+            rows.append(row)
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            print(json.dumps(row), flush=True)
     ctx.zygote.close()
     return 0 if all(r.get("status", "correct") == "correct" for r in rows) else 1
+
+
+CU_SOURCE = """__global__ void twice(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 2.0f * x[i];
+}
+"""
+CU_SPEC = """
+import numpy as np
+import torch
+
+def inputs():
+    return [torch.rand(1 << 20, device="DEVICE")]
+
+def reference(x):
+    return 2 * x
+
+def launch(module, x):
+    y = torch.empty_like(x)
+    n = x.numel()
+    module.twice(((n + 255) // 256,), (256,), (x, y, np.int32(n)))
+    return y
+"""
+CU_STANDIN = """
+
+def twice(grid, block, args):
+    args[1].copy_(2 * args[0])
+"""
+
+
+def _cu_run(ctx: EmulatedJudge, index: int, device: str) -> dict[str, object]:
+    from dice.validator import cu
+
+    t0 = time.perf_counter()
+    verdict, _ = cu._run_spec(ctx, CU_SOURCE, ["twice"], CU_SPEC.replace("DEVICE", device), "k.cu", [], "")
+    match = re.search(r"kernel's process ready ([\d.]+) s \(([^)]*)\)", verdict.log or "")
+    pairs = (item.rsplit(" ", 1) for item in (match.group(2).split(", ") if match else []))
+    row = {
+        "what": "cu spec",
+        "index": index,
+        "seconds": time.perf_counter() - t0,
+        "status": verdict.status,
+        "message": verdict.message,
+        "ready_s": float(match.group(1)) if match else None,
+        "ready_phases": {k: float(v) for k, v in pairs if v.replace(".", "", 1).isdigit()},
+        "speedup": verdict.speedup,
+        "device": ctx.device_name,
+    }
+    if verdict.status != "correct":
+        row["log"] = verdict.log[-3000:]
+    return row
 
 
 def _phases(text: str) -> dict[str, float]:

@@ -225,8 +225,10 @@ def _check_and_time(
     never_called = _launch_check(session, kernel_names, flags, log)
     if never_called is not None:
         return never_called
+    input_bytes = sum(x.numel() * x.element_size() for x in tensors(last_inputs))
+    del last_inputs  # one set at a time (multi-GB problems): timing draws its own
     if not timing:
-        return Verdict(
+        verdict = Verdict(
             "correct",
             True,
             True,
@@ -235,11 +237,58 @@ def _check_and_time(
             log="\n".join(log),
             flags=flags,
         )
-    input_bytes = sum(x.numel() * x.element_size() for x in tensors(last_inputs))
-    del last_inputs  # one set at a time (multi-GB problems): timing draws its own
-    return _timed_verdict(
-        session, model, ref, device, input_bytes, (atol, rtol), worst, flags, log, device_name
-    )
+    else:
+        verdict = _timed_verdict(
+            session, model, ref, device, input_bytes, (atol, rtol), worst, flags, log, device_name
+        )
+    if verdict.status != "correct":
+        return verdict
+    # last: a forward on shifted results may fault the device (an index computed from them)
+    unused, line = _dependence_check(session, model, ref, device, (atol, rtol))
+    if unused is not None:
+        unused.log = f"{verdict.log}\n{line}"
+        return unused
+    verdict.log = f"{verdict.log}\n{line}"
+    return verdict
+
+
+def _dependence_check(
+    session: Session, model: Any, ref: ModuleType, device: Any, tolerance: tuple[float, float]
+) -> tuple[Verdict | None, str]:
+    """One forward on a fresh input set with the candidate's extension results shifted by noise
+    (:mod:`dice.validator.dependence`): the rejection when its output still matches the reference, and
+    the log line."""
+    from dice.validator.dependence import constant_output
+
+    inputs = generate_inputs(ref, device, random_seeds(1)[0], cpu_limit=0)[0]
+    session.put_inputs(inputs)  # before the reference, which may change its inputs in place
+    want = model(*inputs)
+    del inputs
+    if constant_output(want):
+        return None, "extension results: not checked for use (the reference's output is constant)"
+    slots = session.slots_like(want)
+    poison(slots)
+    sync(device)
+    reply = session.runner.request("dependence", "dependence", seed=random_seeds(1)[0])
+    perturbed = int(reply.get("perturbed") or 0)
+    shifted = f"{perturbed} result(s) of its extension functions shifted by noise"
+    if reply.get("raised"):
+        return None, f"extension results: used (forward fails with the {shifted})"
+    if perturbed == 0:
+        return None, (
+            "extension results: not checked for use (no extension call returned or wrote a floating tensor)"
+        )
+    if reply.get("mismatch"):
+        return None, f"extension results: used (forward's output changes with the {shifted})"
+    got = rebuild(want, slots, list(reply.get("values") or []))
+    cmp = compare_outputs(got, want, atol=tolerance[0], rtol=tolerance[1])
+    if cmp.correct:
+        return rejected(
+            "kernel_result_unused",
+            f"forward's output still matches the reference with the {shifted}: the kernels' work is not "
+            "what it returns",
+        ), f"extension results: not used (forward's output unchanged with the {shifted})"
+    return None, f"extension results: used (forward's output changes with the {shifted})"
 
 
 def _correctness_trials(

@@ -41,6 +41,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from dice.validator.dependence import Watch
+
 MAX_REQUEST = 64 << 20
 
 
@@ -184,6 +186,7 @@ class KernelBenchRunner:
         self.slots: list[Any] = []
         self.last_out: Any = None
         self.model: Any = None
+        self.watch = Watch()
 
     def sync(self) -> None:
         import torch
@@ -224,6 +227,7 @@ class KernelBenchRunner:
             "run": self._run,
             "noop": self._noop,
             "check": self._check,
+            "dependence": self._dependence,
         }
 
     def _start(self) -> bool:
@@ -263,7 +267,7 @@ class KernelBenchRunner:
         stage = "building the candidate (import, load_inline)"
         src = str(self.args["cand_src"])
         try:
-            with _extension_builds(self.args, records, self.channel):
+            with _extension_builds(self.args, records, self.channel, self.watch):
                 cand = import_source(src, Path(self.args["task_dir"]) / "candidate.py", "dice_candidate")
                 lap("candidate")
                 stage = "constructing ModelNew"
@@ -408,6 +412,18 @@ class KernelBenchRunner:
         self.sync()
         return {"event": "done"}
 
+    def _dependence(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        """One forward with every watched extension call's floating results shifted by noise; its outputs
+        in the slots, and how many results were shifted (the judge decides whether they mattered)."""
+        self.watch.start(int(request["seed"]))
+        try:
+            out = self.model(*self.inputs)
+            self.sync()
+        except Exception as exc:  # noqa: BLE001 - forward fails on the shifted results: they are used
+            return {"event": "dependence", "raised": short(exc), "perturbed": self.watch.stop()}
+        perturbed = self.watch.stop()
+        return {"event": "dependence", "raised": None, "perturbed": perturbed, **self._deliver(out)}
+
     def _check(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         return {"event": "check", "replaced": self.integrity.violations()}
 
@@ -466,21 +482,29 @@ def _plain_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def _extension_builds(args: dict[str, Any], records: list[dict[str, Any]], channel: Channel):  # noqa: ANN202
+def _extension_builds(  # noqa: ANN202
+    args: dict[str, Any], records: list[dict[str, Any]], channel: Channel, watch: Any
+):
     """``load_inline`` through the build cache (read-only here: a miss is built by the builder, through
-    the judge), or (``emulate`` set: the CPU tests) through stand-ins."""
+    the judge), or (``emulate`` set: the CPU tests) through stand-ins; the functions of every module it
+    returns watched (:class:`dice.validator.dependence.Watch`)."""
+    import torch.utils.cpp_extension as cpp_extension
+
     from dice.validator.builds import cached_extension_builds
 
     standins = args.get("emulated_extensions")
     if not standins:
         private = Path(args["task_dir"]) / "private_ext"
         with cached_extension_builds(Path(args["cache_dir"]), records, channel.build, private):
-            yield
+            inner = cpp_extension.load_inline
+            cpp_extension.load_inline = lambda *a, **kw: watch.module(inner(*a, **kw))
+            try:
+                yield
+            finally:
+                cpp_extension.load_inline = inner
         return
     import importlib.util
     import types
-
-    import torch.utils.cpp_extension as cpp_extension
 
     spec = importlib.util.spec_from_file_location("dice_standins", standins)
     assert spec is not None and spec.loader is not None
@@ -501,7 +525,7 @@ def _extension_builds(args: dict[str, Any], records: list[dict[str, Any]], chann
                 "seconds": 0.0,
             }
         )
-        return types.SimpleNamespace(**{f: getattr(module, f) for f in functions})
+        return watch.module(types.SimpleNamespace(**{f: getattr(module, f) for f in functions}))
 
     original = cpp_extension.load_inline
     cpp_extension.load_inline = load_inline

@@ -202,6 +202,35 @@ def test_remembering_outputs_by_input_gains_nothing_in_timing(judge) -> None:
     assert "a fresh input set every round (103, seeds drawn at random)" in v.log
 
 
+# The kernel runs at full size; its result is discarded in ways the static guards do not see.
+DISCARDED = {
+    "times-zero": "torch.clamp_min(x, 0.0) + 0 * relu_ext.relu_forward(x, x.numel())",
+    "nan-branch": "torch.where(torch.isnan(y := relu_ext.relu_forward(x, x.numel())), y, torch.relu(x))",
+}
+
+
+@pytest.mark.parametrize("name", sorted(DISCARDED))
+def test_a_kernel_result_forward_does_not_use_is_rejected(judge, name: str) -> None:
+    v = judged(judge, gpu_cand("", DISCARDED[name]))
+    assert (v.status, v.correct) == ("rejected", None), (v.status, v.message, v.log[-1500:])
+    assert v.message.startswith("rejected by guard kernel_result_unused: forward's output still matches")
+    assert judged(judge, gpu_cand("")).status == "correct"
+
+
+def test_a_kernel_result_forward_uses_passes_the_dependence_check(judge) -> None:
+    v = judged(judge, gpu_cand(""))
+    assert v.status == "correct", v.message + v.log
+    assert "extension results: used (forward's output changes with the 1 result(s)" in v.log
+    # without an extension call to watch, nothing is claimed
+    v = judged(judge, HONEST)
+    assert "extension results: not checked for use (no extension call returned" in v.log
+    # a result written into an output argument is watched too
+    into = gpu_cand("", "relu_ext.relu_forward(x, x.numel(), out := torch.empty_like(x)) or out")
+    v = judged(judge, into)
+    assert v.status == "correct", v.message + v.log
+    assert "extension results: used" in v.log
+
+
 @pytest.fixture(scope="module")
 def gpu_judge(tmp_path_factory: pytest.TempPathFactory):
     """This process as a GPU worker's judge (CUDA started, not dumpable), runners from a real zygote."""
@@ -236,6 +265,15 @@ def test_cheat_is_caught_on_the_gpu(gpu_judge, name: str) -> None:
     after = judged(gpu_judge, gpu_cand(""))
     assert after.status == "correct", after.message + after.log
     assert "relu_kernel" in after.log and after.speedup
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(DISCARDED))
+def test_a_discarded_kernel_result_is_rejected_on_the_gpu(gpu_judge, name: str) -> None:
+    v = judged(gpu_judge, gpu_cand("", DISCARDED[name]))
+    assert v.status == "rejected" and "kernel_result_unused" in v.message, (v.message, v.log[-1500:])
+    honest = judged(gpu_judge, gpu_cand(""))
+    assert honest.status == "correct" and "extension results: used" in honest.log, honest.log
 
 
 @pytest.mark.gpu
