@@ -21,7 +21,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -31,9 +30,9 @@ from dice.validator.runner import (
     KernelBenchRunner,
     confine,
     error_reply,
-    lock_down,
     open_channel,
     short,
+    use_cupy_cache,
 )
 
 
@@ -42,7 +41,7 @@ def serve(fd: int, mode: str, args: dict[str, Any]) -> int:
     channel = open_channel(fd)
     try:
         confine(args)
-        os.environ["CUPY_CACHE_DIR"] = str(args["cupy_cache"])
+        use_cupy_cache(Path(args["cupy_cache"]))
         return CuRunner(channel, args).serve()
     except Exception as exc:  # noqa: BLE001 - reported, then this process ends
         channel.send(error_reply(0, "runtime_error", f"runner failed: {short(exc)}"))
@@ -75,48 +74,25 @@ class CuRunner(KernelBenchRunner):
         self.stage = "starting"
 
     def handlers(self) -> dict[str, Any]:
-        return {
-            "inputs": self._inputs,
-            "values": self._values,
-            "outputs": self._outputs,
-            "trial": self._trial,
-            "run": self._run,
-            "noop": self._noop,
-        }
+        ops = ("inputs", "values", "outputs", "trial", "run", "noop")
+        return {op: handler for op, handler in super().handlers().items() if op in ops}
 
     def _start(self) -> bool:
         """CUDA, the sandbox, the module compiled, the spec executed; the ``ready`` reply (request 0)."""
-        import torch
-
-        phases: dict[str, float] = {}
-        mark = time.perf_counter()
-
-        def lap(name: str) -> None:
-            nonlocal mark
-            now = time.perf_counter()
-            phases[name] = round(now - mark, 3)
-            mark = now
-
-        if self.device.type == "cuda":
-            torch.cuda.init()
-            torch.cuda.set_device(self.device)
-        lap("cuda")
-        lock_down(self.args)
-        lap("sandbox")
+        phases = self.start_confined()
         try:
             self.stage = "compiling the module with CuPy"
             module = self._module()
-            lap("compile")
+            phases.lap("compile")
             self.stage = "executing the dice-spec block"
             launch = self._spec_launch()
-            lap("spec")
+            phases.lap("spec")
         except Exception as exc:  # noqa: BLE001 - the device code or the spec failed: the verdict says which
-            self.channel.send(
-                error_reply(0, "runtime_error", f"{self.stage}: {short(exc)}", traceback.format_exc())
-            )
+            message = f"{self.stage}: {short(exc)}"
+            self.channel.send(error_reply(0, "runtime_error", message, traceback.format_exc()))
             return False
         self.model = lambda *inputs: launch(module, *inputs)
-        self.channel.send({"id": 0, "event": "ready", "phases": phases})
+        self.channel.send({"id": 0, "event": "ready", "phases": phases.times})
         return True
 
     def _module(self) -> Any:

@@ -117,11 +117,22 @@ def confine(args: dict[str, Any]) -> None:
     from dice.validator.sandbox import enter_task_dir
 
     task_dir = Path(args["task_dir"])
-    enter_task_dir(
-        task_dir,
-        CUPY_CACHE_DIR=str(task_dir / "cupy"),
-        TORCH_EXTENSIONS_DIR=str(task_dir / "torch_extensions"),
-    )
+    enter_task_dir(task_dir, TORCH_EXTENSIONS_DIR=str(task_dir / "torch_extensions"))
+    use_cupy_cache(task_dir / "cupy")
+
+
+def use_cupy_cache(folder: Path) -> None:
+    """CuPy's kernel cache in ``folder``. CuPy 14 reads ``CUPY_CACHE_DIR`` once, when the zygote imported it,
+    into a cache backend of its own; the variable alone would leave this process writing the worker's
+    cache, which its Landlock layer makes read-only (seen on the H200: EACCES in CuPy's compile). So the
+    backend is replaced too (a private CuPy function: there is no public one; an older CuPy, without it,
+    reads the variable at each compile)."""
+    os.environ["CUPY_CACHE_DIR"] = str(folder)
+    compiler = sys.modules.get("cupy.cuda.compiler")
+    backend = getattr(compiler, "_DiskKernelCacheBackend", None)
+    setter = getattr(compiler, "_set_kernel_cache_backend", None)
+    if backend is not None and setter is not None:
+        setter(backend(str(folder)))
 
 
 def lock_down(args: dict[str, Any]) -> None:
@@ -172,6 +183,23 @@ def load_value(text: str) -> Any:
     import torch
 
     return torch.load(io.BytesIO(base64.b64decode(text)), weights_only=True)
+
+
+class Phases:
+    """Seconds per step of a runner's start (its ``ready`` reply carries them)."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.times: dict[str, float] = {}
+        self.mark = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        import time
+
+        now = time.perf_counter()
+        self.times[name] = round(now - self.mark, 3)
+        self.mark = now
 
 
 class KernelBenchRunner:
@@ -230,31 +258,29 @@ class KernelBenchRunner:
             "dependence": self._dependence,
         }
 
+    def start_confined(self) -> Phases:
+        """This process's CUDA start, then its Landlock and seccomp layers; the phases so far."""
+        import torch
+
+        phases = Phases()
+        if self.device.type == "cuda":
+            torch.cuda.init()
+            torch.cuda.set_device(self.device)
+        phases.lap("cuda")
+        lock_down(self.args)
+        phases.lap("sandbox")
+        return phases
+
     def _start(self) -> bool:
         """Import the candidate and construct ``ModelNew``; the ``ready`` reply (request id 0)."""
         import time
-
-        import torch
 
         from dice.validator.builds import built_kernel_names, import_source
         from dice.validator.context import Integrity
         from dice.validator.kbsetup import construct_model
 
-        phases: dict[str, float] = {}
-        mark = time.perf_counter()
-
-        def lap(name: str) -> None:
-            nonlocal mark
-            now = time.perf_counter()
-            phases[name] = round(now - mark, 3)
-            mark = now
-
-        if self.device.type == "cuda":
-            torch.cuda.init()
-            torch.cuda.set_device(self.device)
-        lap("cuda")
-        lock_down(self.args)
-        lap("sandbox")
+        phases = self.start_confined()
+        lap = phases.lap
         import torch._dynamo  # noqa: F401 - its import wraps torch.manual_seed: before the snapshot
         import torch.profiler  # noqa: F401 - before the snapshot, as the candidate's import may use it
         import torch.utils.cpp_extension  # noqa: F401
@@ -292,7 +318,7 @@ class KernelBenchRunner:
                 "kernel_names": built_kernel_names(records, src),
                 "construction": construction,
                 "replaced": integrity.violations(),
-                "phases": {**phases, "construction": round(time.perf_counter() - mark, 3)},
+                "phases": {**phases.times, "construction": round(time.perf_counter() - phases.mark, 3)},
             }
         )
         return True

@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"dice worker: isolation: {isolation}", flush=True)  # the worker log
     with contextlib.suppress(OSError):
         NVRTC.start()  # loads NVRTC in its own process while this one waits for the first task
+    if ctx.gpu or ctx.emulated:
+        with contextlib.suppress(OSError):
+            ctx.zygote.start()  # its imports (torch, torch._dynamo: ~5 s) likewise, before the first run
     for line in sys.stdin:
         if not line.strip():
             continue

@@ -39,13 +39,17 @@ class Zygote:
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
         self._control: socket.socket | None = None
+        self._ready = False
+        self._started_at = 0.0
         self.started_s: float | None = None
 
-    def _ensure(self) -> socket.socket:
-        if self._control is not None and self._proc is not None and self._proc.poll() is None:
-            return self._control
+    def start(self) -> None:
+        """Start the zygote process without waiting for it (a worker does this while it waits for its first
+        task: the zygote's imports take seconds); the first request waits for its ``ready``."""
+        if self._proc is not None and self._proc.poll() is None:
+            return
         self.close()
-        start = time.perf_counter()
+        self._started_at = time.perf_counter()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # NVML for torch.cuda.is_available(): the runtime's cudaGetDeviceCount would mark every fork bad
         env = dict(os.environ, DICE_ZYGOTE_OWNER=str(os.getpid()), PYTORCH_NVML_BASED_CUDA_CHECK="1")
@@ -60,12 +64,20 @@ class Zygote:
         finally:
             theirs.close()
         self._control = mine
+        self._ready = False
+
+    def _ensure(self) -> socket.socket:
+        if self._control is not None and self._proc is not None and self._proc.poll() is None and self._ready:
+            return self._control
+        self.start()
         reply = self._receive(START_TIMEOUT_S)
         if reply.get("event") != "ready":
             self.close()
             raise ZygoteError(f"the runner zygote failed to start: {reply.get('message', reply)}")
-        self.started_s = time.perf_counter() - start
-        return mine
+        self.started_s = time.perf_counter() - self._started_at
+        self._ready = True
+        assert self._control is not None
+        return self._control
 
     def _receive(self, timeout: float) -> dict[str, Any]:
         assert self._control is not None
@@ -110,6 +122,7 @@ class Zygote:
         return self._receive(timeout + 30.0)
 
     def close(self) -> None:
+        self._ready = False
         if self._control is not None:
             self._control.close()
             self._control = None

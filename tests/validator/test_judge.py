@@ -231,6 +231,20 @@ def test_a_kernel_result_forward_uses_passes_the_dependence_check(judge) -> None
     assert "extension results: used" in v.log
 
 
+def test_the_dependence_check_on_a_scalar_output_and_on_an_input_independent_one(judge) -> None:
+    mean_ref = RELU_REF.replace("return torch.relu(x)", "return torch.relu(x).mean()")
+    v = judged(judge, gpu_cand("", "relu_ext.relu_forward(x, x.numel()).mean()"), ref=mean_ref)
+    assert v.status == "correct" and "extension results: used" in v.log, v.message + v.log
+    cheat = gpu_cand("", "torch.relu(x).mean() + 0 * relu_ext.relu_forward(x, x.numel()).mean()")
+    v = judged(judge, cheat, ref=mean_ref)
+    assert v.status == "rejected" and "kernel_result_unused" in v.message, v.message
+    # an output that does not depend on the input says nothing about the kernel: not checked, not rejected
+    zero_ref = RELU_REF.replace("return torch.relu(x)", "return torch.relu(x) * 0.0")
+    v = judged(judge, gpu_cand("", "relu_ext.relu_forward(x, x.numel()) * 0.0"), ref=zero_ref)
+    assert v.status == "correct", v.message + v.log
+    assert "not checked for use (the reference gives the same output for two input sets)" in v.log
+
+
 @pytest.fixture(scope="module")
 def gpu_judge(tmp_path_factory: pytest.TempPathFactory):
     """This process as a GPU worker's judge (CUDA started, not dumpable), runners from a real zygote."""
