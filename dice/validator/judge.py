@@ -1,4 +1,6 @@
 """The KernelBench run with the judge apart from the candidate: this process never imports a candidate.
+(The ``.cu`` spec run, :mod:`dice.validator.cu`, uses the same channel, buffers and timing with its own
+runner, :mod:`dice.validator.cu_runner`.)
 
 The judge (the worker process) imports the reference, builds ``Model``, draws every input from seeds it
 picks at random for this run (``secrets``: nothing a candidate can know or replay), runs the reference,
