@@ -7,3 +7,18 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch==2.13.0"
 "$PY" -m pip install -q -e ".[all]"
+
+# The validator's sandbox: bubblewrap where it can run (a Debian package); without it the workers fall back
+# to Landlock + seccomp (`dice doctor` says which is in force). Installed here only when this script runs as
+# root with apt-get (CI, containers); elsewhere it says how, and never asks for a password.
+if ! command -v bwrap >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        { timeout 180 apt-get install -y -q bubblewrap >/dev/null 2>&1 \
+            || { timeout 180 apt-get update -q >/dev/null 2>&1 \
+                && timeout 180 apt-get install -y -q bubblewrap >/dev/null 2>&1; }; } \
+            || echo "note: bubblewrap could not be installed: the validator sandboxes with Landlock + seccomp" >&2
+    else
+        echo "note: no bwrap on PATH: the validator sandboxes with Landlock + seccomp;" \
+            "'sudo apt-get install bubblewrap' gives it the stronger sandbox" >&2
+    fi
+fi
