@@ -21,7 +21,8 @@ passes; when nothing was shifted (no extension call returned or wrote a floating
 kernels, say) or the reference gives the same output for two input sets (KernelBench has problems whose
 output does not depend on the input), it is not applied and the log says so. A runner is the candidate's
 process: what it reports here is a claim, so a candidate that rewrites the runner could pass it, never fail
-an honest one.
+an honest one; the static ``validator_access`` guard refuses the direct routes to the runner's code (the
+validator's package, ``sys.modules``, the garbage collector's object lists, stack frames).
 """
 
 from __future__ import annotations

@@ -49,7 +49,21 @@ STATIC_GUARDS = (
     "side_thread",
     "side_stream",
     "monkey_patch",
+    "validator_access",
     "fake_tensor",
+)
+
+# What reaches into the process a candidate runs in: the validator's own package, the module table, the
+# garbage collector's object lists, stack frames. A KernelBench candidate has no use for any of it (none of
+# the 932 kernels of the agreement data touches one); a candidate that does could rewrite the runner that
+# reports its guards. Their computed forms (getattr, __import__, importlib) are dynamic_code's.
+INTROSPECTION = {
+    "sys": {"modules", "_getframe", "_current_frames"},
+    "gc": {"get_objects", "get_referrers", "get_referents"},
+    "inspect": {"currentframe", "stack", "getouterframes", "getinnerframes", "trace"},
+}
+FRAME_ATTRIBUTES = frozenset(
+    {"tb_frame", "f_back", "f_locals", "f_globals", "gi_frame", "cr_frame", "ag_frame"}
 )
 
 
@@ -167,11 +181,42 @@ def static_guards(src: str, info: CandidateInfo) -> list[GuardHit]:
             break
 
     for node in ast.walk(tree):
+        hit = _validator_access(node, module_names)
+        if hit:
+            hits.append(hit)
+            break
+
+    for node in ast.walk(tree):
         hit = _fake_tensor(node)
         if hit:
             hits.append(hit)
             break
     return hits
+
+
+def _validator_access(node: ast.AST, modules: dict[str, str]) -> GuardHit | None:
+    """An import of the validator's package, or a reach into the process (:data:`INTROSPECTION`, a frame
+    attribute)."""
+    line = getattr(node, "lineno", None)
+    if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "dice" for a in node.names):
+        return GuardHit("validator_access", "imports the validator's own package (dice)", line)
+    if isinstance(node, ast.ImportFrom) and node.module:
+        root = node.module.split(".")[0]
+        if root == "dice":
+            return GuardHit("validator_access", "imports the validator's own package (dice)", line)
+        reached = [a.name for a in node.names if a.name in INTROSPECTION.get(root, ())]
+        if reached:
+            return GuardHit(
+                "validator_access", f"imports {root}.{reached[0]} (reaches into the process)", line
+            )
+    if isinstance(node, ast.Attribute):
+        if node.attr in FRAME_ATTRIBUTES:
+            return GuardHit("validator_access", f"reads a stack frame (.{node.attr})", line)
+        root = node.value.id if isinstance(node.value, ast.Name) else None
+        module = modules.get(root) if root else None
+        if module and node.attr in INTROSPECTION.get(module, ()):
+            return GuardHit("validator_access", f"uses {module}.{node.attr} (reaches into the process)", line)
+    return None
 
 
 # ----------------------------------------------------------------------------------------------- helpers
