@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from dice.validator.build_flags import BuildOptions
 from dice.validator.compile import nvrtc_std_options
 from dice.validator.cu_compile import CuFile, run_compile_checks
+from dice.validator.judge import ProtocolViolation, RunnerFailed
 from dice.validator.paths import cuda_include_dirs
 from dice.validator.runtime_guards import Replaced, all_equal, monkey_patch
 from dice.validator.spec_files import spec_folder_imports
@@ -211,8 +212,8 @@ def _run_spec(
                 ctx, device, source, kernels, spec_source, filename, folder, nvrtc_options
             )
             outcome = _check_spec(session, namespace, stage, compile_log)
-    except _RunnerError as exc:
-        return _runner_failure(exc.cause, stage, compile_log), False
+    except (RunnerFailed, ProtocolViolation) as exc:  # the kernel's process failed or broke the protocol
+        return _runner_failure(exc, stage, compile_log), False
     except Exception as exc:  # noqa: BLE001 - the spec failed here (its inputs() or reference())
         # a CUDA fault in this process poisons its context: the worker is replaced
         return Verdict(
@@ -237,16 +238,8 @@ def _run_spec(
     return _correct_verdict(ctx, outcome, checked, compile_log), False
 
 
-class _RunnerError(Exception):
-    """The runner failed (``cause``: RunnerFailed or ProtocolViolation) while the spec ran."""
-
-    def __init__(self, cause: Exception) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-def _runner_failure(cause: Exception, stage: _Stage, compile_log: str) -> Verdict:
-    from dice.validator.judge import ProtocolViolation, runner_verdict
+def _runner_failure(cause: RunnerFailed | ProtocolViolation, stage: _Stage, compile_log: str) -> Verdict:
+    from dice.validator.judge import runner_verdict
 
     if isinstance(cause, ProtocolViolation):
         return runner_verdict(cause, compile_log)
@@ -271,7 +264,7 @@ def _start_runner(
     """The fill's runner, ready (module compiled, spec executed there): its :class:`Session`."""
     import os
 
-    from dice.validator.judge import ProtocolViolation, RunnerFailed, RunnerProcess, Session, runner_args
+    from dice.validator.judge import RunnerProcess, Session, runner_args
 
     options = list(nvrtc_options or [])
     std = nvrtc_std_options([o for o in options if o.startswith("-std=")])
@@ -299,9 +292,9 @@ def _start_runner(
     session = Session(RunnerProcess(ctx.zygote, "cu", args), device)
     try:
         ready = session.runner.receive(0, "ready")
-    except (RunnerFailed, ProtocolViolation) as exc:
+    except (RunnerFailed, ProtocolViolation):
         session.close()
-        raise _RunnerError(exc) from None
+        raise
     phases = ready.get("phases") if isinstance(ready.get("phases"), dict) else {}
     steps = ", ".join(f"{k} {v:.2f}" for k, v in phases.items() if isinstance(v, (int, float)))
     session.started = f"kernel's process ready {time.perf_counter() - started:.2f} s ({steps or 'no phases'})"
@@ -313,25 +306,28 @@ def _check_spec(
 ) -> _SpecRun | Verdict:
     """Compare ``launch`` (in the runner) with ``reference`` (here) and time both; the verdict when the output
     is wrong. ``stage`` follows the steps."""
-    from dice.validator.judge import Draws, Mismatch, ProtocolViolation, RunnerFailed, time_rounds
+    from dice.validator.gpu import l2_flusher
+    from dice.validator.judge import Draws, Mismatch, time_rounds
 
     atol = float(namespace.get("atol", DEFAULT_ATOL))
     rtol = float(namespace.get("rtol", DEFAULT_RTOL))
-    try:
-        checked = _spec_correctness(session, namespace, atol, rtol, stage, compile_log)
-        if isinstance(checked, Verdict):
-            return checked
-        worst, checked_inputs = checked
-        stage.name = "drawing the timing rounds' inputs"
-        draws = Draws(lambda seed: spec_inputs(namespace["inputs"], seed), CU_WARMUP + CU_TRIALS)
-        stage.name = "timing"
-        flush = _flusher(session.device)
-        timed = time_rounds(
-            session, namespace["reference"], draws, flush, (atol, rtol), warmup=CU_WARMUP, trials=CU_TRIALS
-        )
-        draws.close()
-    except (RunnerFailed, ProtocolViolation) as exc:
-        raise _RunnerError(exc) from None
+    checked = _spec_correctness(session, namespace, atol, rtol, stage, compile_log)
+    if isinstance(checked, Verdict):
+        return checked
+    worst, checked_inputs = checked
+    stage.name = "drawing the timing rounds' inputs"
+    draws = Draws(lambda seed: spec_inputs(namespace["inputs"], seed), CU_WARMUP + CU_TRIALS)
+    stage.name = "timing"
+    timed = time_rounds(
+        session,
+        namespace["reference"],
+        draws,
+        l2_flusher(session.device),
+        (atol, rtol),
+        warmup=CU_WARMUP,
+        trials=CU_TRIALS,
+    )
+    draws.close()
     if isinstance(timed, Mismatch):
         return Verdict(
             "incorrect",
@@ -343,14 +339,6 @@ def _check_spec(
         )
     ref_t, new_t = timed
     return _SpecRun(atol, rtol, worst, ref_t, new_t, checked_inputs, draws.describe, session.started)
-
-
-def _flusher(device: Any) -> Callable[[], None]:
-    if device.type != "cuda":
-        return lambda: None
-    from dice.validator.gpu import L2Flusher
-
-    return L2Flusher(device)
 
 
 def _spec_correctness(

@@ -18,7 +18,6 @@ stand-ins, one function per kernel name, called as CuPy calls a kernel: ``(grid,
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import traceback
@@ -30,6 +29,7 @@ from dice.validator.runner import (
     KernelBenchRunner,
     confine,
     error_reply,
+    load_standins,
     open_channel,
     short,
     use_cupy_cache,
@@ -52,10 +52,7 @@ class _Emulated:
     """The module in the emulated path: ``get_function(name)`` or ``module.name`` from the stand-ins."""
 
     def __init__(self, path: str) -> None:
-        spec = importlib.util.spec_from_file_location("dice_cu_standins", path)
-        assert spec is not None and spec.loader is not None
-        self._module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(self._module)
+        self._module = load_standins(path, "dice_cu_standins")
 
     def get_function(self, name: str) -> Any:
         return getattr(self._module, name)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,13 @@ class L2Flusher:
 
     def __call__(self) -> None:
         self.buffer.zero_()
+
+
+def l2_flusher(device: Any) -> Callable[[], None]:
+    """:class:`L2Flusher` on a CUDA device; on the CPU (the emulated path) nothing to flush."""
+    if getattr(device, "type", str(device)) != "cuda":
+        return lambda: None
+    return L2Flusher(device)
 
 
 def flatten(obj: Any) -> list[Any]:

@@ -33,7 +33,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from dice.validator.builds import describe_builds, import_source
-from dice.validator.gpu import L2Flusher, compare_outputs
+from dice.validator.gpu import compare_outputs, l2_flusher
 from dice.validator.guards import analyze_candidate, static_guards
 from dice.validator.judge import (
     MAX_KEPT_SETS,
@@ -429,8 +429,9 @@ def _timed_verdict(
         rounds,
         max_kept=MAX_KEPT_SETS if _fits(device, input_bytes) else 1,
     )
-    flush = L2Flusher(device) if device.type == "cuda" else (lambda: None)
-    timed = time_rounds(session, model, draws, flush, tolerance, warmup=WARMUP, trials=TIMING_TRIALS)
+    timed = time_rounds(
+        session, model, draws, l2_flusher(device), tolerance, warmup=WARMUP, trials=TIMING_TRIALS
+    )
     draws.close()
     if isinstance(timed, Mismatch) and timed.unwritten:
         return rejected(

@@ -507,6 +507,17 @@ def _plain_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def load_standins(path: str, name: str) -> Any:
+    """The emulated path's stand-ins for compiled code (the CPU tests): the file ``path`` as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @contextlib.contextmanager
 def _extension_builds(  # noqa: ANN202
     args: dict[str, Any], records: list[dict[str, Any]], channel: Channel, watch: Any
@@ -529,13 +540,9 @@ def _extension_builds(  # noqa: ANN202
             finally:
                 cpp_extension.load_inline = inner
         return
-    import importlib.util
     import types
 
-    spec = importlib.util.spec_from_file_location("dice_standins", standins)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_standins(standins, "dice_standins")
     sys.modules["dice_standins"] = module
 
     def load_inline(name: str, cpp_sources: Any, cuda_sources: Any = None, *a: Any, **kw: Any) -> Any:

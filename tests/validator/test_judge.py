@@ -367,3 +367,15 @@ def test_forged_worker_results_never_reach_the_pool(emulated_pool) -> None:
     assert all(v.message != "forged" and v.speedup != 42.0 for v in verdicts)
     assert "protocol_violation" in verdicts[0].message or verdicts[0].status == "incorrect"
     assert json.dumps(verdicts[1].to_json())  # a plain verdict of its own task
+
+
+def test_draws_name_the_seed_each_round_was_drawn_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dice.validator import judge as judge_module
+
+    fresh = judge_module.Draws(lambda seed: [seed], 5)
+    assert [fresh(i) for i in range(5)] == [[fresh.seed(i)] for i in range(5)] == [[s] for s in fresh.seeds]
+    assert fresh.describe.startswith("a fresh input set every round (5")
+    monkeypatch.setattr(judge_module, "DRAW_BUDGET_S", 0.0)  # drawing is "too slow": one set, rotated
+    rotated = judge_module.Draws(lambda seed: [seed], 5)
+    assert [rotated(i) for i in range(5)] == [[rotated.seed(i)] for i in range(5)] == [[rotated.seeds[0]]] * 5
+    assert rotated.describe.startswith("1 input set(s) rotated over 5 rounds")
