@@ -34,6 +34,22 @@ class StepEvent:
     committed: int  # generated tokens committed so far, all rows
 
 
+@dataclass(frozen=True)
+class BlockEvent:
+    """Reported after every block (``on_block``): what each row holds so far, on the host.
+
+    The lists are the loop's own (read them, never change them); a row's lists only grow, and a row whose
+    ``finished`` is True gets no more tokens. A server streams from it and answers a finished row at once.
+    """
+
+    block: int
+    ids: list[list[int]]  # per row: new tokens so far (stop token excluded)
+    step_map: list[list[int]]
+    confidences: list[list[float]]
+    finished: list[bool]  # no more tokens for this row (stop id, ``until`` or the budget)
+    stopped: list[bool]  # finished by a stop id or ``until``, not by the budget
+
+
 @dataclass
 class GenerationOutput:
     ids: list[list[int]]  # new tokens per row, stop token and anything after it excluded
@@ -171,8 +187,10 @@ def decode(
     on_step: Callable[[StepEvent], None] | None = None,
     until: Callable[[int, list[int]], bool] | None = None,
     prefix_cache: PrefixCache | None = None,
+    on_block: Callable[[BlockEvent], None] | None = None,
 ) -> GenerationOutput:
-    """Generate for every prompt. ``until(row, ids)`` is asked after each block whether a row is done.
+    """Generate for every prompt. ``until(row, ids)`` is asked after each block whether a row is done;
+    ``on_block`` is told after each block what every row holds (it may raise to stop, as ``on_step``).
 
     ``prefix_cache``: reuse (and remember) the K/V of prompt prefixes shared with earlier prompts."""
     s = settings
@@ -222,6 +240,8 @@ def decode(
             x, generated, active, pos, start_slot, prev_clean, block, n_masked, rows.committed
         )
         _collect_block(current, rows, s, until)
+        if on_block is not None:
+            on_block(BlockEvent(block, rows.ids, rows.steps, rows.confidences, rows.finished, rows.stopped))
         if all(rows.finished):
             break
         active = torch.tensor([not f for f in rows.finished], device=device)[:, None]

@@ -14,15 +14,15 @@ from torch import Tensor
 
 from engine.checkpoint import load_model, parse_dtype
 from engine.cpu_threads import CpuThreadPolicy
-from engine.decode import DecodeSettings, GenerationOutput, StepEvent, decode, prefill
+from engine.decode import BlockEvent, DecodeSettings, GenerationOutput, StepEvent, decode, prefill
 from engine.errors import CheckpointError
+from engine.infill import InfillPlan
 from engine.kv_cache import PrefixCache
 from engine.locate import resolve_model_path
 from engine.model import DiceModel, ModelConfig
-from engine.prompts import extract_middle, infill_opening, infill_prompt, kernelbench_prompt
+from engine.prompts import infill_opening, kernelbench_prompt
 from engine.runner import CudaGraphRunner, EagerRunner
 from engine.sampling import SamplingParams
-from engine.shape import check_shape, cut_to_shape, shape_end
 from engine.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -166,6 +166,7 @@ class Engine:
         on_step: Callable[[StepEvent], None] | None = None,
         dice_eval_compat: bool = False,
         until: Callable[[int, list[int]], bool] | None = None,
+        on_block: Callable[[BlockEvent], None] | None = None,
     ) -> GenerationOutput:
         """Decode new tokens after each prompt (one prompt or a batch of different lengths).
 
@@ -174,7 +175,8 @@ class Engine:
         the tokenizer's ``<|im_end|>`` and eos; [] never stops early. ``dice_eval_compat`` ranks by the
         confidence after top-k/top-p filtering, as DICE's released evaluation script (there: temperature 1,
         top_k 1, static, block 4, 4 steps). ``until(row, ids)`` is asked after each block whether a row is
-        done. ``on_step`` may raise (e.g. ``engine.Cancelled``) to stop between steps.
+        done. ``on_step`` may raise (e.g. ``engine.Cancelled``) to stop between steps; ``on_block`` gets every
+        row's tokens so far after each block (``engine.decode.BlockEvent``; a server streams from it).
         """
         prompts = self._as_batch(prompt_ids)
         vocab = self.config.vocab_size
@@ -213,6 +215,7 @@ class Engine:
                 on_step=on_step,
                 until=until,
                 prefix_cache=self.prefix_cache,
+                on_block=on_block,
             )
 
     @staticmethod
@@ -267,27 +270,20 @@ class Engine:
         the prefix); generation stops when the suffix's first line appears, or where a fill of a ``shape``
         hole ends (``engine.shape``: "statement", "expression", "line"; "block"/None: the suffix only), and
         the middle is cut there. A caller's ``until`` is asked as well. Returns the middles only."""
-        check_shape(shape)
-        prompt, response_prefix = infill_prompt(prefix, suffix, context)
-        ids = self.tokenizer.encode(prompt + response_prefix)
-        starts_line = prefix == "" or prefix.endswith("\n")
-
-        def middle_of(new_ids: list[int]) -> tuple[str, bool]:
-            return extract_middle(self.tokenizer.decode(new_ids), suffix, starts_line=starts_line)
+        plan = InfillPlan.make(prefix, suffix, context=context, shape=shape)
+        ids = self.tokenizer.encode(plan.prompt_text)
 
         def reached_end(row: int, new_ids: list[int]) -> bool:
-            middle, found = middle_of(new_ids)
-            return found or shape_end(middle, shape) is not None
+            return plan.reached_end(self.tokenizer.decode(new_ids))
 
         also = decode_args.pop("until", None)
         until = reached_end if also is None else (lambda r, x: reached_end(r, x) or bool(also(r, x)))
         out = self._sample_n(ids, n, max_new_tokens, until=until, **decode_args)
         texts, finished = [], []
         for row_ids, done in zip(out.ids, out.finished, strict=True):
-            middle, found = middle_of(row_ids)
-            middle, ended = cut_to_shape(middle, shape)
+            middle, ended = plan.finish(self.tokenizer.decode(row_ids), done)
             texts.append(middle)
-            finished.append(found or ended or done)
+            finished.append(ended)
         out = GenerationOutput(out.ids, out.step_map, out.confidences, finished, out.steps)
         return self._completions(out, texts)
 

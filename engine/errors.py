@@ -25,3 +25,12 @@ class Cancelled(Exception):  # noqa: N818 - reads better at call sites than Canc
     def __init__(self, reason: str = "cancel") -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class RemoteError(RuntimeError):
+    """A model server answered, but not with a usable answer: it refused the request (its own message is
+    kept), listed no such model, or broke its stream off."""
+
+
+class ServerUnavailable(RemoteError):  # noqa: N818 - the state a user is told about
+    """The model server cannot be reached (connection refused, timed out) or keeps saying it is busy."""

@@ -45,7 +45,9 @@ class InferenceEngine(Protocol):
     ``tokenizer`` is None for an engine that cannot count tokens (prompts are then fitted by a byte
     estimate). ``infill`` and ``generate_program`` take the decoding keywords of ``engine.Engine.generate``
     (``block_size``, ``steps_per_block``, ``policy``, ``threshold``, ``temperature``, ``seed``); ``on_step``
-    is called after every denoising step and may raise to stop the generation.
+    is called after every denoising step and may raise to stop the generation. A remote engine
+    (``engine.remote``) calls it after every streamed chunk, and with ``None`` as a heartbeat while it
+    waits for the server, so that a cancel is seen before the first token too.
     """
 
     @property

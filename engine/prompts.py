@@ -39,6 +39,20 @@ def chat(user: str) -> str:
     return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
 
 
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def chat_messages(messages: list[tuple[str, str]]) -> str:
+    """A conversation of (role, content) turns in ChatML, then the generation prompt: what ``chat`` renders
+    for one user turn, extended to system and earlier assistant turns (the SDAR/Qwen3 template's layout)."""
+    parts = []
+    for role, content in messages:
+        if role not in CHAT_ROLES:
+            raise ValueError(f"unknown chat role {role!r} (use one of {', '.join(CHAT_ROLES)})")
+        parts.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
+    return "".join(parts) + "<|im_start|>assistant\n"
+
+
 def kernelbench_prompt(ref_src: str, *, variant: str = "eval") -> str:
     """The KernelBench one-shot prompt (elementwise-add example) for a PyTorch reference ``Model``.
 

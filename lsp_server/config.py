@@ -8,6 +8,7 @@ value is reported and replaced by its default; parsing never raises.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,8 @@ def _default(name: str) -> Any:
 class ModelSettings:
     path: str = _default("model_path")  # "" = the embedded model ($DICE_MODEL, then the packaged dice-tiny)
     device: str = _default("device")
+    server: str = _default("server")  # "" = $DICE_SERVER, else the model runs in this process
+    server_model: str = _default("server_model")
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,8 @@ class ValidationSettings:
 SECTIONS: dict[str, tuple[str, str]] = {
     "model_path": ("model", "path"),
     "device": ("model", "device"),
+    "server": ("model", "server"),
+    "server_model": ("model", "server_model"),
     "candidates": ("decoding", "candidates"),
     "block_size": ("decoding", "block_size"),
     "steps_per_block": ("decoding", "steps_per_block"),
@@ -97,9 +102,14 @@ class DiceSettings:
         """Keyword arguments of ``dice.assistant.AssistantSettings``."""
         return dataclasses.asdict(self.assistant_settings())
 
-    def model_key(self) -> tuple[str, str]:
+    def server_url(self) -> str:
+        """The model server in use ("": the model runs here): ``dice.server``, else $DICE_SERVER."""
+        return self.model.server.strip() or os.environ.get("DICE_SERVER", "").strip()
+
+    def model_key(self) -> tuple[str, ...]:
         """What forces a model reload when it changes."""
-        return (self.model.path, self.model.device)
+        m = self.model
+        return (m.path, m.device, m.server, m.server_model)
 
     @classmethod
     def from_values(cls, values: dict[str, Any]) -> DiceSettings:

@@ -93,9 +93,9 @@ class DiceSession:
         self.state: StatusState = "loading"
         self._service_task: asyncio.Task | None = None
         self._service_error: str | None = None
-        # the service whose model failed to load: validation still works through it
-        self._validation_only: AssistantService | None = None
-        self._loaded_key: tuple[str, str] | None = None
+        self.server_down: str | None = None  # the last model call failed to reach the model server
+        self._validation_only: AssistantService | None = None  # its model failed to load; it validates
+        self._loaded_key: tuple[str, ...] | None = None
         self._busy: dict[str, int] = {"busy": 0, "validating": 0}
         self._watcher: FileWatcher | None = None
         self._timers: dict[str, asyncio.TimerHandle] = {}
@@ -141,14 +141,25 @@ class DiceSession:
     @contextlib.asynccontextmanager
     async def busy(self, state: str, message: str) -> AsyncIterator[None]:
         """Status ``busy``/``validating`` while work runs; back to ``ready`` when nothing is left."""
+        from engine.errors import RemoteError
+
         self._busy[state] += 1
         self.set_status(state, message)  # type: ignore[arg-type]
         try:
             yield
+            if state == "busy":
+                self.server_down = None  # a model call went through
+        except RemoteError as exc:  # the model server went away: said once, kept in the status until back
+            was, self.server_down = self.server_down, f"model server unavailable: {exc}"
+            if was is None:
+                self.show(self.server_down, types.MessageType.Error)
+            raise
         finally:
             self._busy[state] -= 1
             if self.service is not None and not self.closed:
-                if self._busy["busy"]:
+                if self.server_down is not None:
+                    self.set_status("error", self.server_down)
+                elif self._busy["busy"]:
                     self.set_status("busy")
                 elif self._busy["validating"]:
                     self.set_status("validating")
@@ -292,7 +303,14 @@ class DiceSession:
         from engine.locate import choose_model
 
         choice = choose_model(self.settings.model.path)
-        where = "the embedded model" if choice.embedded else str(choice.path)
+        server = self.settings.server_url()
+        where = (
+            f"the model server at {server}"
+            if server
+            else "the embedded model"
+            if choice.embedded
+            else str(choice.path)
+        )
         self.set_status("loading", f"loading {where}")
         started = time.perf_counter()
         try:
@@ -304,7 +322,7 @@ class DiceSession:
             service = self._validation_only = AssistantService(
                 settings, workspace_root=self._workspace_root()
             )
-            problem = choice.problem("dice.modelPath")
+            problem = None if server else choice.problem("dice.modelPath")
             if problem:  # said at once, before the engine (and torch) is imported for nothing
                 raise FileNotFoundError(problem)
             info = await asyncio.to_thread(lambda: service.model_info)
@@ -353,7 +371,7 @@ class DiceSession:
         from engine.locate import choose_model
 
         folder = Path(info.path) if info.path else choose_model(None).path
-        if folder.is_dir():
+        if folder.is_dir() and not self.settings.server_url():  # a served model is not ours to watch
             self._watcher.watch_folder(MODEL_KEY, folder)
 
     # ----------------------------------------------------------------- documents
@@ -588,16 +606,13 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return True  # alive (PermissionError: someone else's process, alive too)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
+    with contextlib.suppress(RuntimeError):
         return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
+    return None
 
 
 def _log_task_error(task: asyncio.Task) -> None:

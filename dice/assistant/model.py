@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -59,6 +60,16 @@ class ModelOwner:
     def hole_cut(self) -> HoleCut:
         return self._hole_cut
 
+    def server_url(self) -> str | None:
+        """The model server the settings name (``server``, else ``$DICE_SERVER``), or None: in-process."""
+        return self.settings.server.strip() or os.environ.get("DICE_SERVER", "").strip() or None
+
+    def describe_source(self) -> str:
+        url = self.server_url()
+        if url and self._owned:
+            return f"the model server at {url}"
+        return self.choice().describe()
+
     def choice(self) -> ModelChoice:
         from engine.locate import choose_model
 
@@ -68,7 +79,8 @@ class ModelOwner:
         """Identifies the model in cache keys: the folder it came from, or the injected engine."""
         info = self._info
         return (
-            str(self.choice().path),
+            self.server_url() or str(self.choice().path),
+            self.settings.server_model,
             None if info is None else info.name,
             None if info is None else info.device,
             None if self._owned else id(self._engine),
@@ -86,7 +98,7 @@ class ModelOwner:
         """Load on the model thread (no-op when loaded), with "loading" progress events."""
         if self._info is not None:
             return self._info
-        request.emit("loading", 0, 1, f"loading {self.choice().describe()}")
+        request.emit("loading", 0, 1, f"loading {self.describe_source()}")
         await self.run(self._load, request)
         assert self._info is not None
         request.emit("loading", 1, 1, f"loaded {self._info.describe()}")
@@ -96,13 +108,25 @@ class ModelOwner:
         with self._lock:
             loaded = self._engine
             if loaded is None:
-                import engine as engine_pkg
+                url = self.server_url()
+                if url:
+                    from engine.remote import connect
 
-                loaded = engine_pkg.load_engine(self.settings.model_path, device=self._device())
-                _prime(loaded)
+                    loaded = connect(
+                        url,
+                        api_key=os.environ.get("DICE_SERVER_API_KEY") or None,
+                        model=self.settings.server_model or None,
+                    )
+                else:
+                    import engine as engine_pkg
+
+                    loaded = engine_pkg.load_engine(self.settings.model_path, device=self._device())
+                    _prime(loaded)
                 self._engine = loaded
             if self._info is None:
-                self._hole_cut = read_hole_cut(loaded.path)
+                self._hole_cut = (
+                    read_hole_cut(loaded.path) if loaded.path is not None else served_hole_cut(loaded)
+                )
                 self._info = describe_engine(loaded, self.choice())
 
     def _device(self) -> str:
@@ -114,10 +138,15 @@ class ModelOwner:
 
     def update(self, settings: AssistantSettings) -> None:
         """New settings; another model path or device drops an owned model (it is reloaded on next use)."""
-        reload = (settings.model_path, settings.device) != (self.settings.model_path, self.settings.device)
+
+        def which(s: AssistantSettings) -> tuple[Any, ...]:
+            return (s.model_path, s.device, s.server, s.server_model)
+
+        reload = which(settings) != which(self.settings)
         self.settings = settings
         if reload and self._owned:
             with self._lock:
+                _close_engine(self._engine)
                 self._engine = None
                 self._info = None
 
@@ -151,6 +180,8 @@ class ModelOwner:
             return
         self._closed = True
         self._thread.shutdown(wait=True, cancel_futures=True)
+        if self._owned:
+            _close_engine(self._engine)
         self._engine = None
 
 
@@ -168,13 +199,30 @@ def _prime(engine: InferenceEngine) -> None:
         log.info("prefilled the %d-token prompt opening in %.2f s", tokens, time.perf_counter() - started)
 
 
+def _close_engine(engine: Any) -> None:
+    """A remote engine holds connections; an in-process one has nothing to close."""
+    close = getattr(engine, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception:  # noqa: BLE001 - closing never fails a settings change
+            log.exception("could not close the engine")
+
+
+def served_hole_cut(engine: Any) -> HoleCut:
+    """The hole cut a served model declares (``dice serve`` lists its dice.json's ``infill_holes`` in
+    ``/v1/models``); "byte" for servers that do not say."""
+    cut = getattr(engine, "hole_cut", None)
+    return cut if cut in ("byte", "line") else "byte"
+
+
 def describe_engine(engine: InferenceEngine, choice: ModelChoice) -> ModelInfo:
     """Name, folder, device, parameter count and dtype of a loaded engine."""
     dtype = str(engine.dtype).removeprefix("torch.")
     name = engine.name or choice.path.name
     return ModelInfo(
         name=str(name),
-        path=choice.user_path,
+        path=choice.user_path if engine.path is not None or getattr(engine, "url", None) is None else None,
         device=str(engine.device),
         parameters=int(engine.num_parameters),
         dtype=dtype,

@@ -73,8 +73,9 @@ class Request:
         raising ``engine.Cancelled`` with ``reason`` "cancel" or "deadline"."""
         from engine.errors import Cancelled
 
-        def on_step(_event: Any) -> None:
-            self.steps_done += 1
+        def on_step(event: Any) -> None:
+            if event is not None:  # None: a remote engine's heartbeat while it waits (no step was run)
+                self.steps_done += 1
             done = min(self.steps_done, self.steps_total)
             self.emit("generating", done, self.steps_total, message, force=False)
             if self.cancelled:

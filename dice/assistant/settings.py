@@ -158,6 +158,10 @@ SETTINGS: tuple[Setting, ...] = (
     # run the workspace's code (dice-spec blocks, KernelBench references and candidates): off, validation is
     # compile-only (rules.code_run_refusal); VS Code sends its own workspace trust instead. The CLI sets it.
     Setting("trusted_workspace", "trustedWorkspace", "boolean", False),
+    # "" = $DICE_SERVER, else the model runs in this process; the API key is never a setting (it would be
+    # written to settings files): $DICE_SERVER_API_KEY, which the VS Code client fills from its secret storage
+    Setting("server", "server", "string", ""),
+    Setting("server_model", "serverModel", "string", ""),
     Setting("sample_temperature", None, "number", 0.8, exclusive_minimum=0.0),
     Setting("seed", None, "integer", 0),
 )
@@ -198,6 +202,8 @@ class AssistantSettings:
     include_paths: tuple[str, ...] = _default("include_paths")
     defines: tuple[str, ...] = _default("defines")
     trusted_workspace: bool = _default("trusted_workspace")
+    server: str = _default("server")
+    server_model: str = _default("server_model")
     sample_temperature: float = _default("sample_temperature")
     seed: int = _default("seed")
 

@@ -33,6 +33,8 @@ class ModelInfo:
     dtype: str
 
     def describe(self) -> str:
+        if self.dtype == "remote":  # a served model: its size and precision are the server's business
+            return f"{self.name} on the {self.device.replace('server ', 'server at ', 1)}"
         return f"{self.name} ({format_parameters(self.parameters)} parameters, {self.dtype}) on {self.device}"
 
     def to_json(self) -> dict[str, Any]:

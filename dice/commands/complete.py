@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         settings = settings_from_args(args)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
-    problem = check_model_path(settings.model_path)
+    problem = check_model_path(settings)
     if problem:
         raise CliError(problem)
     if args.force and not args.write:
@@ -157,6 +157,7 @@ def _fill(
     """Load the model, say what will be checked, fill every mask."""
     from dice.assistant import AssistantService
     from dice.commands.console import ProgressDisplay
+    from engine.errors import RemoteError
 
     with AssistantService(settings) as service:
         try:
@@ -180,6 +181,8 @@ def _fill(
         with ProgressDisplay(console, enabled=not args.quiet) as display:
             try:
                 return asyncio.run(service.complete_document(text, progress=display, filename=path))
+            except RemoteError as exc:  # the model server went away or refused the request
+                raise CliError(str(exc)) from exc
             except ValueError as exc:  # e.g. a dice-spec reference too long for the model's context
                 raise CliError(f"{path}: {exc}") from exc
 

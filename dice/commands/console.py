@@ -74,6 +74,19 @@ def add_settings_arguments(parser: argparse.ArgumentParser, *, count_flag: str, 
         "--model", metavar="PATH", help="checkpoint folder (default: $DICE_MODEL, else the embedded model)"
     )
     parser.add_argument(
+        "--server",
+        metavar="URL",
+        default=None,
+        help="an OpenAI-compatible model server (dice serve, SGLang, LMDeploy) instead of a local model "
+        "(default: $DICE_SERVER; its API key is read from $DICE_SERVER_API_KEY); validation stays here",
+    )
+    parser.add_argument(
+        "--server-model",
+        metavar="NAME",
+        default=BY_NAME["server_model"].default,
+        help="which of the server's models (needed when it hosts several)",
+    )
+    parser.add_argument(
         count_flag,
         type=int,
         default=count_default,
@@ -169,6 +182,8 @@ def settings_from_args(args: argparse.Namespace) -> AssistantSettings:
     return AssistantSettings(
         model_path=args.model,
         device=args.device,
+        server=args.server or "",
+        server_model=args.server_model or "",
         candidates=args.count,
         block_size=args.block_size,
         steps_per_block=args.steps_per_block,
@@ -188,11 +203,22 @@ def settings_from_args(args: argparse.Namespace) -> AssistantSettings:
     )
 
 
-def check_model_path(path: str | None) -> str | None:
-    """A problem with the chosen model folder, said before anything is loaded (None when it looks usable)."""
+def check_model_path(settings: AssistantSettings) -> str | None:
+    """A problem with the chosen model folder or server, said before anything is loaded (None when it looks
+    usable)."""
     from engine.locate import choose_model
+    from engine.remote import normalize_url
 
-    return choose_model(path).problem("--model")
+    server = settings.server or os.environ.get("DICE_SERVER", "")
+    if server.strip():
+        if settings.model_path and settings.server:
+            return "--model and --server both name a model: give one"
+        try:
+            normalize_url(server)
+        except ValueError as exc:
+            return f"{'--server' if settings.server else '$DICE_SERVER'}: {exc}"
+        return None
+    return choose_model(settings.model_path).problem("--model")
 
 
 def stderr_console(quiet: bool) -> Console:

@@ -75,11 +75,12 @@ def run(args: argparse.Namespace) -> int:
         settings = settings_from_args(args)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
-    problem = check_model_path(settings.model_path)
+    problem = check_model_path(settings)
     if problem:
         raise CliError(problem)
 
     from dice.assistant import AssistantService
+    from engine.errors import RemoteError
 
     with AssistantService(settings) as service:
         try:
@@ -98,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
                 programs = asyncio.run(
                     service.generate_kernel(source, max_new_tokens=args.max_new_tokens, progress=display)
                 )
+            except RemoteError as exc:  # the model server went away or refused the request
+                raise CliError(str(exc)) from exc
             except ValueError as exc:  # the validator's reference check, or a prompt too long for the model
                 raise CliError(f"{ref}: {exc}") from exc
 
