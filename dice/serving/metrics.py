@@ -3,7 +3,7 @@ several servers in one process."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -13,6 +13,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, CPU seconds, open fds
         self.requests = Counter("dice_requests", "HTTP requests answered", ["endpoint", "status"], registry=r)
         self.latency = Histogram(
             "dice_request_seconds",
