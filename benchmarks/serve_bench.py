@@ -180,6 +180,7 @@ def batch_mean(url: str) -> tuple[float, float]:
 
 
 def main() -> None:
+    """Long on purpose: one linear script (start the server, run every level, write the report)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="tiny", help="tiny (embedded model), 1.7B, 4B, 8B (random weights)")
     p.add_argument("--device", default=None)

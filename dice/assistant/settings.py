@@ -158,10 +158,11 @@ SETTINGS: tuple[Setting, ...] = (
     # run the workspace's code (dice-spec blocks, KernelBench references and candidates): off, validation is
     # compile-only (rules.code_run_refusal); VS Code sends its own workspace trust instead. The CLI sets it.
     Setting("trusted_workspace", "trustedWorkspace", "boolean", False),
-    # "" = $DICE_SERVER, else the model runs in this process; the API key is never a setting (it would be
-    # written to settings files): $DICE_SERVER_API_KEY, which the VS Code client fills from its secret storage
-    Setting("server", "server", "string", ""),
-    Setting("server_model", "serverModel", "string", ""),
+    # "" = $DICE_SERVER, else the model runs in this process. Editor key dice.modelServer: VS Code already has
+    # dice.server.command / .pythonPath (how the language server is started) under dice.server. The API key is
+    # never a setting (settings files are shared): $DICE_SERVER_API_KEY, filled by VS Code from its secrets
+    Setting("server", "modelServer", "string", ""),
+    Setting("server_model", "modelServerModel", "string", ""),
     Setting("sample_temperature", None, "number", 0.8, exclusive_minimum=0.0),
     Setting("seed", None, "integer", 0),
 )

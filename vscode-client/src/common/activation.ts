@@ -3,6 +3,7 @@
 
 import * as os from 'os';
 import type { ExtensionContext, TextDocument } from 'vscode';
+import { registerApiKeyCommands, SERVER_API_KEY_ENV, SERVER_API_KEY_SECRET, serverEnvironment } from './apiKey';
 import type { HandleFactory } from './client';
 import { offerRecovery, registerClientCommands, ServerCommandFallbacks, CommandDeps } from './commands';
 import { warrantsServer } from './documents';
@@ -10,7 +11,7 @@ import { createMiddleware, EditorContext } from './middleware';
 import { CONFIG_SECTION, DiceServerSettings } from './protocol';
 import { describeResult, runWithProgress } from './serverCommands';
 import { ServerManager } from './server';
-import { PathVariables, resolveServerLaunch, resolveServerSettings, RESTART_SECTIONS } from './settings';
+import { PathVariables, resolveServerLaunch, resolveServerSettings, RESTART_SECTIONS, ServerLaunch } from './settings';
 import { StatusBar } from './status';
 import { describeAccepted, describeSuggestionStatus, parseSuggestionStatus } from './suggestionStatus';
 import * as api from './vscodeapi';
@@ -21,7 +22,7 @@ export interface DiceExtension {
     dispose(): Promise<void>;
 }
 
-export function activateDice(context: Pick<ExtensionContext, 'subscriptions'>, createHandle: HandleFactory): DiceExtension {
+export function activateDice(context: Pick<ExtensionContext, 'subscriptions' | 'secrets'>, createHandle: HandleFactory): DiceExtension {
     const log = api.createLogChannel('DICE');
     const get = (key: string): unknown => api.getConfiguration(CONFIG_SECTION).get(key);
     const vars = (): PathVariables => ({ home: os.homedir(), workspaceFolder: api.firstWorkspaceFolder() });
@@ -101,9 +102,22 @@ export function activateDice(context: Pick<ExtensionContext, 'subscriptions'>, c
         },
     });
 
+    // Read at every start: the model server's API key reaches the process only through its environment.
+    const launch = async (): Promise<ServerLaunch> => {
+        const command = resolveServerLaunch(get, vars());
+        let apiKey: string | undefined;
+        try {
+            apiKey = await context.secrets.get(SERVER_API_KEY_SECRET);
+        } catch (error) {
+            log.warn(`Cannot read the model server API key from the secret storage: ${String(error)}`);
+        }
+        const env = serverEnvironment(process.env, apiKey);
+        return env ? { ...command, env } : command;
+    };
+
     const manager: ServerManager = new ServerManager({
         createHandle,
-        launch: () => resolveServerLaunch(get, vars()),
+        launch,
         settings: serverSettings,
         middleware,
         log,
@@ -141,6 +155,23 @@ export function activateDice(context: Pick<ExtensionContext, 'subscriptions'>, c
         status,
         { dispose: () => fallbacks.unregister() },
         ...registerClientCommands(commandDeps),
+        ...registerApiKeyCommands({
+            secrets: context.secrets,
+            askForKey: () =>
+                api.askForSecret(
+                    'DICE: model server API key',
+                    `The key of dice.modelServer, kept in VS Code's secret storage (never in settings) and given to the ` +
+                        `language server as $${SERVER_API_KEY_ENV}. Empty: remove the stored key.`,
+                ),
+            showInfo: (m) => void api.showInfo(m),
+        }),
+        // A new key needs a new process (it is in the environment); also when another window changed it.
+        context.secrets.onDidChange((e) => {
+            if (e.key === SERVER_API_KEY_SECRET && manager.state !== 'idle') {
+                log.info('The model server API key changed: restarting the DICE server.');
+                void manager.restart(true);
+            }
+        }),
         api.onDidOpenTextDocument(startFor),
         api.onDidChangeTextDocument((e) => {
             if (e.contentChanges.length > 0) {

@@ -68,7 +68,11 @@ export const createLanguageClientHandle: HandleFactory = (options) => {
     const client = new LanguageClient(
         'dice',
         'DICE',
-        { command: options.launch.command, args: options.launch.args },
+        {
+            command: options.launch.command,
+            args: options.launch.args,
+            options: options.launch.env ? { env: options.launch.env } : undefined,
+        },
         clientOptions,
     );
     client.onNotification(DiceStatusNotification, (payload) => options.onStatus(payload));

@@ -17,6 +17,8 @@ export const ClientCommands = {
     restartServer: 'dice.restartServer',
     showLog: 'dice.showLog',
     toggleAutomaticSuggestions: 'dice.toggleAutomaticSuggestions',
+    setServerApiKey: 'dice.setServerApiKey',
+    clearServerApiKey: 'dice.clearServerApiKey',
 } as const;
 
 export function isServerCommand(command: string): command is ServerCommand {
@@ -61,6 +63,10 @@ export interface DiceServerSettings {
     showFailingSuggestions: boolean;
     // run the workspace's dice-spec / KernelBench code; VS Code sends workspace.isTrusted here
     trustedWorkspace: boolean;
+    // an OpenAI-compatible model server (`dice serve`, SGLang, LMDeploy); "" = $DICE_SERVER, else the model
+    // runs in the server's own process. Its API key is never a setting: $DICE_SERVER_API_KEY (apiKey.ts).
+    modelServer: string;
+    modelServerModel: string; // which of its models ("" = its only one)
 }
 
 export const DEFAULT_SERVER_SETTINGS: Readonly<DiceServerSettings> = Object.freeze({
@@ -80,6 +86,8 @@ export const DEFAULT_SERVER_SETTINGS: Readonly<DiceServerSettings> = Object.free
     defines: [],
     showFailingSuggestions: true,
     trustedWorkspace: false,
+    modelServer: '',
+    modelServerModel: '',
 });
 
 export const SERVER_SETTING_KEYS = Object.keys(DEFAULT_SERVER_SETTINGS) as (keyof DiceServerSettings)[];

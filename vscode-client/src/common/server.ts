@@ -3,6 +3,7 @@
 
 import type { LogOutputChannel } from 'vscode';
 import type { Middleware } from 'vscode-languageclient';
+import { SERVER_API_KEY_ENV } from './apiKey';
 import { HandleFactory, ServerHandle } from './client';
 import { DiceServerSettings } from './protocol';
 import { realTimer, RestartPolicy, SerialRunner, Timer } from './restart';
@@ -11,7 +12,8 @@ import type { ClientPhase } from './status';
 
 export interface ServerManagerDeps {
     createHandle: HandleFactory;
-    launch(): ServerLaunch;
+    /** Read at each start (the API key comes from the SecretStorage, which answers asynchronously). */
+    launch(): ServerLaunch | Promise<ServerLaunch>;
     settings(): DiceServerSettings;
     middleware: Middleware;
     log: LogOutputChannel;
@@ -90,8 +92,21 @@ export class ServerManager {
         if (this.disposed) {
             return;
         }
-        const launch = this.deps.launch();
-        this.deps.log.info(`Starting the DICE server: ${[launch.command, ...launch.args].join(' ')}`);
+        let launch: ServerLaunch;
+        try {
+            launch = await this.deps.launch();
+        } catch (error) {
+            this.deps.log.error(`Cannot prepare the DICE server's command line: ${String(error)}`);
+            this.setPhase('failed');
+            this.deps.onGiveUp(`cannot start the server: ${String(error)}`);
+            return;
+        }
+        if (this.disposed) {
+            return;
+        }
+        // Never the environment itself: it may hold the model server's API key.
+        const withKey = launch.env?.[SERVER_API_KEY_ENV] !== undefined ? ` (with $${SERVER_API_KEY_ENV} from the secret storage)` : '';
+        this.deps.log.info(`Starting the DICE server: ${[launch.command, ...launch.args].join(' ')}${withKey}`);
         this.deps.beforeStart?.();
         this.setPhase('starting');
         let handle: ServerHandle;

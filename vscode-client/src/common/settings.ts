@@ -64,6 +64,8 @@ const CHECKS: Record<keyof DiceServerSettings, [Check, string]> = {
     defines: [stringList, 'a list of NAME or NAME=VALUE'],
     showFailingSuggestions: [(v) => typeof v === 'boolean', 'true or false'],
     trustedWorkspace: [(v) => typeof v === 'boolean', 'true or false'],
+    modelServer: [(v) => typeof v === 'string', 'a URL (empty: $DICE_SERVER, else the model runs in the server)'],
+    modelServerModel: [(v) => typeof v === 'string', "a model name (empty: the server's only model)"],
 };
 
 export function expandPath(value: string, vars: PathVariables): string {
@@ -105,6 +107,8 @@ export function resolveServerSettings(
     settings.modelPath = expandPath((settings.modelPath as string).trim(), vars);
     settings.compileCommands = expandPath((settings.compileCommands as string).trim(), vars);
     settings.includePaths = (settings.includePaths as string[]).map((p) => expandPath(p, vars));
+    settings.modelServer = (settings.modelServer as string).trim();
+    settings.modelServerModel = (settings.modelServerModel as string).trim();
     if (workspaceTrusted !== undefined) {
         settings.trustedWorkspace = workspaceTrusted;
     }
@@ -114,6 +118,8 @@ export function resolveServerSettings(
 export interface ServerLaunch {
     command: string;
     args: string[];
+    /** The process's whole environment; undefined: it inherits the extension host's (apiKey.ts). */
+    env?: Record<string, string | undefined>;
 }
 
 export function defaultPython(platform: NodeJS.Platform): string {

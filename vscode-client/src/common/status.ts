@@ -94,6 +94,10 @@ export function renderStatus(input: StatusInput): StatusView {
         }
     } else {
         lines.push(`Server: ${input.phase}`);
+        // The server's last word before it gave up (e.g. the model server it could not reach).
+        if (input.phase === 'failed' && s?.state === 'error' && s.message) {
+            lines.push(`Last error: ${s.message}`);
+        }
     }
     lines.push(`Automatic suggestions: ${input.automatic ? 'on' : 'off'}`, 'Click to show the log.');
     return { text: input.automatic ? text : `${text} $(eye-closed)`, tooltip: lines.join('\n'), severity };

@@ -72,6 +72,11 @@ export function showInfo(message: string, ...actions: string[]): Thenable<string
     return vscode.window.showInformationMessage(message, ...actions);
 }
 
+/** A password input box that stays open when focus moves; undefined when the user cancels. */
+export function askForSecret(title: string, prompt: string): Thenable<string | undefined> {
+    return vscode.window.showInputBox({ title, prompt, password: true, ignoreFocusOut: true });
+}
+
 export function withNotificationProgress<T>(
     title: string,
     task: (progress: vscode.Progress<{ message?: string; increment?: number }>, token: vscode.CancellationToken) => Thenable<T>,

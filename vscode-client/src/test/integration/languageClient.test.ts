@@ -20,6 +20,7 @@ import {
     Position,
     registeredProviders,
     stub,
+    StubSecretStorage,
     WorkspaceEdit,
 } from '../stub/vscode';
 import { assertPythonHasPackage, KERNEL, MASK_RANGE, PYTHON, REPO_ROOT, SKIP_SERVER_TESTS, tinyCheckpoint } from './python';
@@ -70,6 +71,7 @@ describe('integration: the extension with the real LanguageClient and dice-lsp',
     let subscriptions: { dispose(): unknown }[] = [];
     let tmp: string;
     let savedPythonPath: string | undefined;
+    const secrets = new StubSecretStorage();
     const log = (): string => stub.channels[0]?.lines.join('\n') ?? '';
     const statusText = (): string => stub.statusItems[0]?.text ?? '';
     const doc = () => stub.textDocuments[0];
@@ -97,7 +99,7 @@ describe('integration: the extension with the real LanguageClient and dice-lsp',
         cu.version = 1;
         stub.textDocuments.push(cu);
 
-        ext = activateDice({ subscriptions } as never, createLanguageClientHandle);
+        ext = activateDice({ subscriptions, secrets } as never, createLanguageClientHandle);
         await until('the ready status', () => statusText().startsWith('$(check)'), 60_000, () => `${statusText()}\n${log()}`);
     });
 
@@ -238,5 +240,27 @@ describe('integration: the extension with the real LanguageClient and dice-lsp',
         assert.match(log(), /stopped unexpectedly; restarting in 500 ms/);
         assert.ok(!isAlive(pid));
         assert.ok(stub.commands.has(ServerCommands.fillAllMasks), 'the new client took the command ids over again');
+    });
+
+    it('restarts the server with the stored model server API key in its environment', async function () {
+        if (process.platform !== 'linux') {
+            this.skip(); // reads the process's environment from /proc
+        }
+        const environ = (pid: number): string[] => fs.readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0');
+        await until('a running server', () => ext!.manager.current?.pid !== undefined, 30_000, () => `${ext!.manager.state}\n${log()}`);
+        const before = ext!.manager.current!.pid!;
+        const inherited = process.env.DICE_SERVER_API_KEY;
+        const expected = inherited === undefined ? undefined : `DICE_SERVER_API_KEY=${inherited}`;
+        assert.equal(environ(before).find((v) => v.startsWith('DICE_SERVER_API_KEY=')), expected, 'no key stored: inherited as is');
+        stub.inputAnswers.push('sk-integration-test');
+        await stub.commands.get('dice.setServerApiKey')!();
+        // (while the old one stops, the phase still says running and there is no current server)
+        const started = (): number | undefined => (ext!.manager.state === 'running' ? ext!.manager.current?.pid : undefined);
+        await until('a server started with the key', () => ![undefined, before].includes(started()), 30_000, log);
+        const pid = started()!;
+        assert.ok(environ(pid).includes('DICE_SERVER_API_KEY=sk-integration-test'));
+        assert.ok(environ(pid).includes(`PYTHONPATH=${process.env.PYTHONPATH}`), 'the rest of the environment is inherited');
+        assert.ok(!log().includes('sk-integration-test'), 'the key is never logged');
+        await until('the ready status', () => statusText().startsWith('$(check)'), 60_000, () => `${statusText()}\n${log()}`);
     });
 });

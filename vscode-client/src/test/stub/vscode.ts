@@ -83,6 +83,9 @@ export const stub = {
     messages: [] as { level: 'info' | 'warning' | 'error'; text: string; actions: string[] }[],
     /** Answer the next message boxes with these choices (first in, first out); default undefined. */
     answers: [] as (string | undefined)[],
+    /** Answer the next input boxes with these (first in, first out); default undefined (cancelled). */
+    inputAnswers: [] as (string | undefined)[],
+    inputBoxes: [] as { title?: string; prompt?: string; password?: boolean }[],
     statusItems: [] as StubStatusBarItem[],
     channels: [] as StubLogChannel[],
     progress: [] as { title: string; reports: { message?: string; increment?: number }[] }[],
@@ -108,6 +111,8 @@ export const stub = {
         this.executed = [];
         this.messages = [];
         this.answers = [];
+        this.inputAnswers = [];
+        this.inputBoxes = [];
         this.statusItems = [];
         this.channels = [];
         this.progress = [];
@@ -190,6 +195,10 @@ export const window = {
     showInformationMessage: message('info'),
     showWarningMessage: message('warning'),
     showErrorMessage: message('error'),
+    showInputBox(options: { title?: string; prompt?: string; password?: boolean }): Promise<string | undefined> {
+        stub.inputBoxes.push(options);
+        return Promise.resolve(stub.inputAnswers.shift());
+    },
     withProgress<T>(
         options: { title: string },
         task: (progress: { report(v: object): void }, token: CancellationTokenSource['token']) => Promise<T>,
@@ -297,6 +306,27 @@ export const workspace = {
     openTextDocument: (what: unknown): Promise<unknown> =>
         Promise.resolve(stub.textDocuments.find((d) => d.uri.toString() === String(what)) ?? { uri: what }),
 };
+
+/** ExtensionContext.secrets: what activation passes on; each store and delete fires onDidChange, as in VS Code. */
+export class StubSecretStorage {
+    readonly values = new Map<string, string>();
+    private readonly changed = new EventEmitter<{ key: string }>();
+    readonly onDidChange = this.changed.event;
+
+    get(key: string): Promise<string | undefined> {
+        return Promise.resolve(this.values.get(key));
+    }
+    store(key: string, value: string): Promise<void> {
+        this.values.set(key, value);
+        this.changed.fire({ key });
+        return Promise.resolve();
+    }
+    delete(key: string): Promise<void> {
+        this.values.delete(key);
+        this.changed.fire({ key });
+        return Promise.resolve();
+    }
+}
 
 type Pos = { line: number; character: number };
 

@@ -2,7 +2,8 @@ import * as assert from 'assert/strict';
 import * as fs from 'fs';
 import * as path from 'path';
 import { activateDice, DiceExtension } from '../../common/activation';
-import { ConfigurationTarget, makeDocument, stub, ThemeColor } from '../stub/vscode';
+import { SERVER_API_KEY_SECRET } from '../../common/apiKey';
+import { ConfigurationTarget, makeDocument, stub, StubSecretStorage, ThemeColor } from '../stub/vscode';
 import { FakeWorld, settle } from './fakes';
 
 const packageJson = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', '..', 'package.json'), 'utf8'));
@@ -23,10 +24,11 @@ describe('activation: command wiring and life cycle', () => {
     let world: FakeWorld;
     let ext: DiceExtension | undefined;
     let subscriptions: { dispose(): unknown }[];
+    let secrets: StubSecretStorage;
 
     const activate = (): DiceExtension => {
         subscriptions = [];
-        ext = activateDice({ subscriptions } as never, world.factory);
+        ext = activateDice({ subscriptions, secrets } as never, world.factory);
         return ext;
     };
     const log = () => stub.channels[0];
@@ -35,6 +37,7 @@ describe('activation: command wiring and life cycle', () => {
     beforeEach(() => {
         stub.reset();
         world = new FakeWorld();
+        secrets = new StubSecretStorage();
     });
     afterEach(async () => {
         await ext?.dispose();
@@ -189,11 +192,97 @@ describe('activation: command wiring and life cycle', () => {
         assert.equal(world.last.options.settings.candidates, 5, 'the new process starts with the current settings');
     });
 
+    it('sends the model server settings live: the server reloads the model, the process stays', async () => {
+        stub.textDocuments = [CU];
+        activate();
+        await settle();
+        stub.setSetting('dice.modelServer', ' http://gpu-box:8000 ');
+        stub.setSetting('dice.modelServerModel', 'dice-8b');
+        await settle();
+        assert.equal(world.handles.length, 1);
+        assert.equal(world.last.pushed.at(-1)!.modelServer, 'http://gpu-box:8000');
+        assert.equal(world.last.pushed.at(-1)!.modelServerModel, 'dice-8b');
+    });
+
+    it('starts the server with the stored API key in its environment', async () => {
+        stub.textDocuments = [CU];
+        await secrets.store(SERVER_API_KEY_SECRET, 'sk-stored');
+        activate();
+        await settle();
+        const env = world.last.options.launch.env!;
+        assert.equal(env.DICE_SERVER_API_KEY, 'sk-stored');
+        assert.equal(env.PATH, process.env.PATH, 'the rest is the inherited environment');
+        assert.match(log().lines.join('\n'), /Starting the DICE server: python3 -m lsp_server \(with \$DICE_SERVER_API_KEY from the secret storage\)/);
+        assert.ok(!log().lines.some((l) => l.includes('sk-stored')), 'the key is never logged');
+    });
+
+    it('starts the server with the inherited environment as is when no API key is stored', async () => {
+        stub.textDocuments = [CU];
+        activate();
+        await settle();
+        assert.deepEqual(world.last.options.launch, { command: 'python3', args: ['-m', 'lsp_server'] }, 'no env: spawn inherits ours');
+    });
+
+    it('stores the key from a password box and restarts the server with it; an empty answer removes it', async () => {
+        stub.textDocuments = [CU];
+        activate();
+        await settle();
+        assert.equal(world.last.options.launch.env, undefined);
+
+        stub.inputAnswers.push(undefined); // Escape: nothing changes
+        await stub.commands.get('dice.setServerApiKey')!();
+        await settle();
+        assert.equal(stub.inputBoxes[0].password, true);
+        assert.match(stub.inputBoxes[0].prompt!, /DICE_SERVER_API_KEY/);
+        assert.equal(world.handles.length, 1);
+
+        stub.inputAnswers.push(' sk-new ');
+        await stub.commands.get('dice.setServerApiKey')!();
+        await settle();
+        assert.equal(secrets.values.get(SERVER_API_KEY_SECRET), 'sk-new');
+        assert.equal(world.handles.length, 2);
+        assert.equal(world.handles[0].stops, 1);
+        assert.equal(world.last.options.launch.env!.DICE_SERVER_API_KEY, 'sk-new');
+        assert.equal(ext!.manager.state, 'running');
+
+        stub.inputAnswers.push('');
+        await stub.commands.get('dice.setServerApiKey')!();
+        await settle();
+        assert.equal(secrets.values.has(SERVER_API_KEY_SECRET), false);
+        assert.equal(world.handles.length, 3);
+        assert.equal(world.last.options.launch.env, undefined);
+        assert.ok(!log().lines.some((l) => l.includes('sk-new')), 'the key is never logged');
+    });
+
+    it('clears the key (restarting the server) and leaves a server that never started alone', async () => {
+        activate();
+        await secrets.store(SERVER_API_KEY_SECRET, 'sk-old'); // e.g. from another window
+        await settle();
+        assert.equal(world.handles.length, 0, 'no server yet: the next start reads the key');
+
+        stub.textDocuments = [CU];
+        stub.documentOpened.fire(CU);
+        await settle();
+        assert.equal(world.last.options.launch.env!.DICE_SERVER_API_KEY, 'sk-old');
+        await stub.commands.get('dice.clearServerApiKey')!();
+        await settle();
+        assert.equal(world.handles.length, 2);
+        assert.equal(world.last.options.launch.env, undefined);
+        assert.match(stub.messages.at(-1)!.text, /API key removed/);
+
+        await stub.commands.get('dice.clearServerApiKey')!();
+        await settle();
+        assert.equal(world.handles.length, 2, 'nothing stored: no restart');
+        assert.match(stub.messages.at(-1)!.text, /no model server API key is stored/);
+    });
+
     it('declares limited support for untrusted workspaces', () => {
         const untrusted = packageJson.capabilities?.untrustedWorkspaces;
         assert.equal(untrusted?.supported, 'limited');
         assert.match(untrusted.description, /not trusted/);
         assert.ok(untrusted.restrictedConfigurations.includes('dice.server.command'));
+        // a workspace must not send the user's API key (and code) to a server of its choosing
+        assert.ok(untrusted.restrictedConfigurations.includes('dice.modelServer'));
     });
 
     it("sends VS Code's workspace trust, not the setting, and again once trust is granted", async () => {

@@ -4,7 +4,7 @@
 import * as assert from 'assert/strict';
 import * as fs from 'fs';
 import * as path from 'path';
-import { stub } from '../stub/vscode';
+import { stub, StubSecretStorage } from '../stub/vscode';
 
 const ROOT = path.join(__dirname, '..', '..', '..');
 const packageJson = JSON.parse(fs.readFileSync(path.join(ROOT, 'package.json'), 'utf8'));
@@ -18,7 +18,7 @@ describe('bundle: dist/extension.js as packaged', () => {
         // eslint-disable-next-line @typescript-eslint/no-require-imports -- loading the bundle is the point
         const extension = require(main) as { activate(c: unknown): void; deactivate(): Promise<void> };
         const subscriptions: { dispose(): unknown }[] = [];
-        extension.activate({ subscriptions });
+        extension.activate({ subscriptions, secrets: new StubSecretStorage() });
         const contributed = packageJson.contributes.commands.map((c: { command: string }) => c.command);
         // plus the two internal ones: the mask clean-up after a fill, and the label command of every inline item
         const internal = ['dice.removeMaskComment', 'dice.suggestionAccepted'];

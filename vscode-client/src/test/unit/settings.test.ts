@@ -32,6 +32,8 @@ describe('settings: dice.* -> the server settings object', () => {
             defines: [],
             showFailingSuggestions: true,
             trustedWorkspace: false,
+            modelServer: '',
+            modelServerModel: '',
         });
         assert.deepEqual(problems, []);
     });
@@ -64,6 +66,21 @@ describe('settings: dice.* -> the server settings object', () => {
         assert.equal(resolveServerSettings(getter({ trustedWorkspace: true })).settings.trustedWorkspace, true);
         assert.equal(resolveServerSettings(getter({ trustedWorkspace: true }), {}, false).settings.trustedWorkspace, false);
         assert.equal(resolveServerSettings(getter({}), {}, true).settings.trustedWorkspace, true);
+    });
+
+    it('passes the model server and its model through, trimmed, and rejects non-strings', () => {
+        const { settings, problems } = resolveServerSettings(getter({ modelServer: ' http://gpu-box:8000 ', modelServerModel: 'dice-8b ' }));
+        assert.equal(settings.modelServer, 'http://gpu-box:8000');
+        assert.equal(settings.modelServerModel, 'dice-8b');
+        assert.deepEqual(problems, []);
+        const bad = resolveServerSettings(getter({ modelServer: 8000 }));
+        assert.equal(bad.settings.modelServer, '');
+        assert.match(bad.problems[0], /dice\.modelServer = 8000 is not a URL/);
+    });
+
+    it('never has a setting for the API key', () => {
+        const names = [...SERVER_SETTING_KEYS, ...Object.keys(properties)].map((k) => k.toLowerCase());
+        assert.ok(!names.some((k) => /api.?key|secret|password/.test(k)), names.join(' '));
     });
 
     it('expands ~ and ${workspaceFolder} in the model path', () => {

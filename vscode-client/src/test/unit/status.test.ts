@@ -35,6 +35,19 @@ describe('status: dice/status payloads', () => {
         assert.match(view('ready').tooltip, /Model: dice-tiny\nDevice: cpu/);
     });
 
+    it("puts an error's whole message in the tooltip, also after the server gave up", () => {
+        const message =
+            'cannot load the model (http://gpu-box:8000): cannot reach the model server at http://gpu-box:8000: connection failed';
+        const error = { state: 'error' as const, model: null, device: null, message };
+        const running = renderStatus({ phase: 'running', status: error, automatic: true });
+        assert.equal(running.text, '$(error) DICE: error');
+        assert.ok(running.tooltip.split('\n').includes(message), running.tooltip);
+        const failed = renderStatus({ phase: 'failed', status: error, automatic: true });
+        assert.equal(failed.severity, 'error');
+        assert.ok(failed.tooltip.split('\n').includes(`Last error: ${message}`), failed.tooltip);
+        assert.doesNotMatch(renderStatus({ phase: 'failed', status: ready, automatic: true }).tooltip, /Last error/);
+    });
+
     it('shows the client side: starting, stopped, failed, automatic suggestions off', () => {
         assert.equal(renderStatus({ phase: 'starting', status: undefined, automatic: true }).text, '$(loading~spin) DICE: starting');
         assert.equal(renderStatus({ phase: 'stopped', status: ready, automatic: true }).severity, 'warning');
