@@ -139,7 +139,7 @@ class RemoteEngine:
         elif len(cards) > 1:
             raise RemoteError(
                 f"the server at {self.url} hosts {len(cards)} models ({', '.join(ids)}): name one with "
-                "--server-model / dice.serverModel"
+                "--server-model / dice.modelServerModel"
             )
         else:
             card = cards[0]
