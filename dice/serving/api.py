@@ -92,12 +92,6 @@ class _Common(BaseModel):
         ):
             if getattr(self, name) not in off:
                 raise ApiError(400, f"'{name}' is not supported by dice serve", param=name)
-        if self.threshold is not None and self.threshold > 1 and (self.policy or "") != "entropy":
-            raise ApiError(
-                400,
-                "threshold must be in (0, 1] (any positive budget with policy 'entropy')",
-                param="threshold",
-            )
 
 
 class CompletionRequest(_Common):

@@ -87,10 +87,6 @@ class ChoiceText:
                     break
         return best
 
-    def would_stop(self) -> bool:
-        """True when the row needs no more tokens (``until`` asks this after each block)."""
-        return self.finished
-
     def take_delta(self) -> tuple[str, list[int]]:
         """The text and tokens not handed out yet that are final: all of it once finished; while running,
         minus a tail that could start a stop string and a trailing incomplete character."""
