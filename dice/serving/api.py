@@ -3,7 +3,8 @@ extras, and the errors in OpenAI's shape.
 
 The extras are top-level fields, which is where the ``openai`` client's ``extra_body`` puts them:
 ``policy`` ("static" | "dynamic" | "entropy"), ``threshold``, ``steps_per_block``, ``block_size``,
-``top_k``, ``stop_token_ids`` and ``return_step_map``. Fields nobody implements here (``logprobs``,
+``top_k``, ``stop_token_ids``, ``ignore_eos`` (as vLLM: the tokenizer's stop ids do not end a choice) and
+``return_step_map``. Fields nobody implements here (``logprobs``,
 ``echo``, ``suffix``, ``best_of`` > ``n``, penalties, ``logit_bias``) are refused with a 400 rather than
 silently ignored; fields the API does not know are ignored, as vLLM and SGLang do.
 """
@@ -73,6 +74,7 @@ class _Common(BaseModel):
     block_size: int | None = Field(None, ge=1, le=64)
     top_k: int | None = Field(None, ge=1)
     stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False  # vLLM's name: the tokenizer's own stop ids do not end a choice
     return_step_map: bool = False
 
     @field_validator("stop")

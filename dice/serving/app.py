@@ -212,6 +212,7 @@ class DiceServer:
             )
         vocab = int(cfg.vocab_size)
         extra = tuple(body.stop_token_ids or ())
+        own = () if body.ignore_eos else tuple(self.engine.tokenizer.stop_ids())
         if any(not 0 <= t < vocab for t in extra):
             raise ApiError(400, "stop_token_ids must be token ids of the model", param="stop_token_ids")
         policy = body.policy or c.policy
@@ -226,7 +227,7 @@ class DiceServer:
             temperature=float(body.temperature),
             top_p=None if body.top_p >= 1.0 else float(body.top_p),
             top_k=body.top_k,
-            stop_ids=tuple(dict.fromkeys(extra + tuple(self.engine.tokenizer.stop_ids()))),
+            stop_ids=tuple(dict.fromkeys(extra + own)),
             seed=body.seed,
         )
 

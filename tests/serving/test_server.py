@@ -177,7 +177,7 @@ def test_api_key(keyed):
 
 def test_dropped_stream_cancels_its_generation(served):
     before = metric(served.url, "dice_cancelled_requests_total")
-    body = {"prompt": PROMPT, "max_tokens": 3000, "temperature": 0, "stream": True, "stop_token_ids": []}
+    body = {"prompt": PROMPT, "max_tokens": 3000, "temperature": 0, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", served.url + "/v1/completions", json=body, timeout=30) as r:
         lines = r.iter_lines()
         assert next(line for line in lines if line.startswith("data:"))
@@ -192,20 +192,39 @@ def test_dropped_stream_cancels_its_generation(served):
     assert metric(served.url, "dice_cancelled_requests_total") > before
 
 
-def test_a_short_request_leaves_its_batch_early(served):
-    long_body = {"prompt": PROMPT, "max_tokens": 1500, "temperature": 0, "stop_token_ids": []}
-    short_body = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0}
+def test_ignore_eos_runs_to_max_tokens(served, tiny_engine):
+    """The model's own stop ids end a choice (this prompt ends after a few hundred tokens) unless
+    ``ignore_eos`` says otherwise (vLLM's field)."""
+    body = {"prompt": PROMPT, "max_tokens": 600, "temperature": 0, "stop": []}
+    ended = httpx.post(served.url + "/v1/completions", json=body, timeout=120).json()
+    assert ended["choices"][0]["finish_reason"] == "stop"
+    assert ended["usage"]["completion_tokens"] < 600
+    full = httpx.post(served.url + "/v1/completions", json={**body, "ignore_eos": True}, timeout=120).json()
+    assert full["choices"][0]["finish_reason"] == "length"
+    assert full["usage"]["completion_tokens"] == 600
+
+
+def test_a_short_request_leaves_its_batch_early(tiny_engine):
+    """Two requests with the same decoding settings batch (the window is wide, so that a slow machine
+    still gathers both); the short one is answered while the long one goes on."""
+    from dice.serving import ServeConfig, start_in_thread
+
+    same = {"prompt": PROMPT, "temperature": 0, "ignore_eos": True, "stop": []}
     done: dict[str, float] = {}
+    with start_in_thread(tiny_engine, ServeConfig(model_name="dice-tiny", window_s=1.0)) as running:
 
-    def post(name, body):
-        httpx.post(served.url + "/v1/completions", json={**body, "stop": []}, timeout=120).raise_for_status()
-        done[name] = time.monotonic()
+        def post(name, max_tokens):
+            body = {**same, "max_tokens": max_tokens}
+            httpx.post(running.url + "/v1/completions", json=body, timeout=120).raise_for_status()
+            done[name] = time.monotonic()
 
-    threads = [threading.Thread(target=post, args=a) for a in (("long", long_body), ("short", short_body))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+        threads = [threading.Thread(target=post, args=a) for a in (("long", 400), ("short", 4))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        batches = metric(running.url, "dice_batch_rows_count")
+    assert batches == 1, "both requests should have decoded as one call"
     assert done["short"] < done["long"] - 0.5
 
 
