@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.engine import Engine  # noqa: E402
+from engine.engine import Engine, fast_kernels_unavailable  # noqa: E402
 from engine.model import DiceModel, ModelConfig, param_bytes  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
 
@@ -309,7 +309,7 @@ class Report:
         d, s = self.data, self.data["sections"]
         m = d["machine"]
         lines = [
-            "# Engine benchmark (issue 8)",
+            "# Engine benchmark (issues 8 and 17)",
             "",
             f"Machine: {m['gpu']} ({m['gpu_memory_gib']} GiB), torch {m['torch']} (CUDA {m['cuda']}), "
             f"transformers {m.get('transformers', '-')}, Python {m['python']}. Date: {d['date_utc']} UTC.",
@@ -326,16 +326,23 @@ class Report:
         lines += [
             "## (a) ms per denoising step vs roofline",
             "",
-            "| model | weights | roofline ms | graph step ms (4 tok) | x roofline "
-            "| first step of block (8 tok) | eager step ms |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
+            "| model | weights | roofline ms | Triton step ms (4 tok) | x roofline "
+            "| Triton first step (8 tok) | torch-kernel graph step ms | x roofline "
+            "| its first step (8 tok) | eager step ms |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for name in ("1.7B", "8B", "4B"):
             r = s.get(f"step_{name}")
             if r:
+                fast = (
+                    f"{r['fast_ms']:.2f} | {r['fast_ms'] / r['roofline_ms']:.2f} | {r['fast_ms_8']:.2f}"
+                    if "fast_ms" in r
+                    else f"- | - | - ({r.get('fast_skipped')})"
+                )
                 lines.append(
-                    f"| {name} | {r['weight_gb']:.2f} GB | {r['roofline_ms']:.2f} | {r['graph_ms']:.2f} | "
-                    f"{r['graph_ms'] / r['roofline_ms']:.2f} | {r['graph_ms_8']:.2f} | {r['eager_ms']:.2f} |"
+                    f"| {name} | {r['weight_gb']:.2f} GB | {r['roofline_ms']:.2f} | {fast} | "
+                    f"{r['graph_ms']:.2f} | {r['graph_ms'] / r['roofline_ms']:.2f} | {r['graph_ms_8']:.2f} | "
+                    f"{r['eager_ms']:.2f} |"
                 )
         lines += [
             "",
@@ -436,27 +443,44 @@ def run_single(
     new: int,
     repeats: int,
     compile: bool = False,
+    run_rates: bool = True,
 ) -> DiceModel:
     """(a) and (b) for one shape at batch 1; returns the model (the HF baseline reuses the 8B weights)."""
     model = random_model(ModelConfig.from_dict(CONFIGS[name] | layers))
     wbytes = param_bytes(model)
-    eng = Engine(model, tok, name=name, cuda_graphs=DEV == "cuda", fuse_projections=True, **NO_REUSE)
+    graphs = DEV == "cuda"
+    torch_graph = Engine(model, tok, name=name, cuda_graphs=graphs, fuse_projections=True, kernels=False,
+                         **NO_REUSE)  # fmt: skip
     eager = Engine(model, tok, name=name, cuda_graphs=False, **NO_REUSE)
     r = {
         "weight_gb": wbytes / 1e9,
         "roofline_ms": wbytes / bw * 1e3,
-        "graph_ms": step_ms(eng, eng.runner, 4, 4, repeats + 2),
-        "graph_ms_8": step_ms(eng, eng.runner, 4, 8, repeats + 2),
+        "graph_ms": step_ms(torch_graph, torch_graph.runner, 4, 4, repeats + 2),
+        "graph_ms_8": step_ms(torch_graph, torch_graph.runner, 4, 8, repeats + 2),
         "eager_ms": step_ms(eager, eager.runner, 4, 4, 1, inner=10),
     }
+    eng = torch_graph
+    why = fast_kernels_unavailable(model)
+    if graphs and why is None:
+        eng = Engine(model, tok, name=name, cuda_graphs=True, kernels=True, **NO_REUSE)
+        r["fast_ms"] = step_ms(eng, eng.runner, 4, 4, repeats + 2)
+        r["fast_ms_8"] = step_ms(eng, eng.runner, 4, 8, repeats + 2)
+    else:
+        r["fast_skipped"] = why or "no CUDA graphs"
     if compile and DEV == "cuda":
         t = time.perf_counter()
-        compiled = Engine(model, tok, name=name, cuda_graphs=True, compile=True, **NO_REUSE)
+        compiled = Engine(model, tok, name=name, cuda_graphs=True, compile=True, kernels=False, **NO_REUSE)
         r["compiled_graph_ms"] = step_ms(compiled, compiled.runner, 4, 4, repeats + 2)
         r["compile_s"] = time.perf_counter() - t
         del compiled
     rep.add(f"step_{name}", r)
-    log(f"{name}: step {r['graph_ms']:.2f} ms, roofline {r['roofline_ms']:.2f}, eager {r['eager_ms']:.2f}")
+    fast_ms = r.get("fast_ms", float("nan"))
+    log(
+        f"{name}: step {r['graph_ms']:.2f} ms (torch graph), {fast_ms:.2f} ms (Triton), "
+        f"roofline {r['roofline_ms']:.2f}, eager {r['eager_ms']:.2f}"
+    )
+    if not run_rates:
+        return model
     prompt = random_prompts(1, PROMPT_LEN, 2)
     for k, steps in ((1, 4), (2, 2)):
         g = generate_rate(eng, prompt, new, steps, repeats)
@@ -474,6 +498,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hf-new-tokens", type=int, default=64, help="new tokens per HF generation")
     p.add_argument("--smoke-cpu", action="store_true", help="check the script on a CPU (tiny shapes)")
     p.add_argument("--compile", action="store_true", help="also time the torch.compile'd graph step (a,b)")
+    p.add_argument("--steps-only", action="store_true", help="only (a): the step times, both shapes")
     args = p.parse_args(argv)
     global DEV, PROMPT_LEN
     batches = (64, 128)
@@ -496,6 +521,13 @@ def main(argv: list[str] | None = None) -> None:
     log(f"copy bandwidth {bw / 1e12:.2f} TB/s")
     tok = bench_tokenizer()
 
+    if args.steps_only:
+        for name in ("1.7B", "8B"):
+            run_single(rep, tok, name, layers, bw, new, repeats, args.compile, run_rates=False)
+            if DEV == "cuda":
+                torch.cuda.empty_cache()
+        print(rep.markdown())
+        return
     model8 = run_single(rep, tok, "8B", layers, bw, new, repeats, args.compile)
     w8 = param_bytes(model8)
     rep.add("ar_limit", {"weight_gb": w8 / 1e9, "tb_per_s": bw / 1e12, "tokens_per_s": bw / w8})

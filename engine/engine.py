@@ -79,6 +79,7 @@ class Engine:
         fuse_projections: bool = False,
         prefix_cache_entries: int = 4,
         prefix_cache_tokens: int = 8192,
+        kernels: bool | None = None,
     ) -> None:
         self.model = model.eval()
         if fuse_projections:  # the model becomes inference-only (see DiceModel.fuse_projections)
@@ -90,8 +91,14 @@ class Engine:
         self.dtype = model.lm_head.weight.dtype
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda"
+        # kernels=None: off until the Triton step has been measured on a GPU (issue 17: written and checked
+        # under Triton's interpreter on the CPU; no GPU was lent to the session that wrote it). Turning it
+        # on by default is one line here once engine_bench.py shows it faster and equal.
+        kernels = bool(kernels)
+        if kernels and not cuda_graphs:
+            raise ValueError("the fast kernels run inside CUDA graphs (cuda_graphs=True)")
         self.runner: EagerRunner = (
-            CudaGraphRunner(model, compile=compile) if cuda_graphs else EagerRunner(model)
+            CudaGraphRunner(model, compile=compile, kernels=kernels) if cuda_graphs else EagerRunner(model)
         )
         mask_id = model.config.mask_token_id if model.config.mask_token_id is not None else tokenizer.mask_id
         if not 0 <= mask_id < model.config.vocab_size:
@@ -325,6 +332,15 @@ def _check_token_ids(folder: Path, tokenizer: Tokenizer, vocab: int) -> None:
             )
 
 
+def fast_kernels_unavailable(model: DiceModel) -> str | None:
+    """None when the Triton step (engine.fast_forward) can run this model here, else why not."""
+    try:
+        from engine.fast_forward import supported
+    except ImportError as exc:  # pragma: no cover - a broken Triton install
+        return f"cannot import the fast kernels ({exc})"
+    return supported(model)
+
+
 def load_engine(
     path: str | Path | None = None,
     *,
@@ -334,6 +350,7 @@ def load_engine(
     compile: bool = False,
     prefix_cache_entries: int = 4,
     prefix_cache_tokens: int = 8192,
+    kernels: bool | None = None,
 ) -> Engine:
     """Load a DICE/SDAR checkpoint folder (None: $DICE_MODEL, else the embedded dice-tiny).
 
@@ -365,4 +382,5 @@ def load_engine(
         fuse_projections=True,
         prefix_cache_entries=prefix_cache_entries,
         prefix_cache_tokens=prefix_cache_tokens,
+        kernels=kernels,
     )

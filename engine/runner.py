@@ -60,19 +60,27 @@ class _Graph:
 class CudaGraphRunner(EagerRunner):
     """Replays one captured CUDA graph per (cache, step length): one launch per denoising step.
 
-    ``compile=True`` wraps the cached forward in ``torch.compile`` before capture, fusing the small
-    elementwise kernels between the matmuls (traced with fullgraph=True and checked equal to eager on the
-    CPU; not yet measured on a GPU).
+    What is captured: ``kernels=True``, the Triton fast path (``engine.fast_forward``: skinny products,
+    fused norms/RoPE/cache writes, flash-decoding over the cache); ``compile=True``, the model's cached
+    forward through ``torch.compile`` (fusing the elementwise kernels between the matmuls); else the model's
+    own eager forward. Capture and its warm-up run under ``no_grad``: traced with autograd on, AOTAutograd
+    fails on the in-place cache write (seen on the H200), and a step never needs gradients.
     """
 
-    def __init__(self, model: DiceModel, *, compile: bool = False) -> None:
+    def __init__(self, model: DiceModel, *, compile: bool = False, kernels: bool = False) -> None:
         super().__init__(model)
-        self._forward = (
+        if compile and kernels:
+            raise ValueError("choose compile or kernels, not both")
+        if kernels:
+            from engine.fast_forward import FastForward
+
+            self._forward = FastForward(model)
+        elif compile:
             # default mode: no autotuning (minutes at 8B) and no cudagraphs of its own (we capture).
-            torch.compile(model.forward_cached, dynamic=False, fullgraph=True)
-            if compile
-            else model.forward_cached
-        )
+            self._forward = torch.compile(model.forward_cached, dynamic=False, fullgraph=True)
+        else:
+            self._forward = model.forward_cached
+        self.kernels, self.compiled = kernels, compile
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = torch.cuda.graph_pool_handle()
         self._caches: dict[tuple[int, int, int], KVCache] = {}
@@ -96,19 +104,20 @@ class CudaGraphRunner(EagerRunner):
         start = torch.zeros(1, dtype=torch.long, device=device)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side), torch.no_grad():
             for _ in range(2):
                 self._forward(ids, pos, cache, start, logits_last=block_size).float()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=self._pool), torch.no_grad():
             out = self._forward(ids, pos, cache, start, logits_last=block_size).float()
         return _Graph(graph, ids, pos, start, out)
 
     def step(self, cache: KVCache, ids: Tensor, pos: Tensor, start: Tensor, block_size: int) -> Tensor:
         g = self._graphs.get((id(cache), ids.shape[1]))
-        if g is None:  # a shape prepare() did not foresee: stay correct, run eagerly
-            return super().step(cache, ids, pos, start, block_size)
+        if g is None:  # a shape prepare() did not foresee: stay correct, run it uncaptured
+            with torch.no_grad():
+                return self._forward(ids, pos, cache, start, logits_last=block_size).float()
         g.ids.copy_(ids)
         g.pos.copy_(pos)
         g.start.copy_(start)

@@ -7,6 +7,13 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 "$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install -q "torch==2.13.0"
 "$PY" -m pip install -q -e ".[all]"
+# Triton: the engine's fast GPU step (engine/triton_kernels.py). CUDA torch wheels bring the Triton they were
+# built with; on a CPU-only torch the tests run those kernels in Triton's interpreter, which needs a Triton
+# that works with NumPy >= 2.4 (3.9 or later).
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)" 2>/dev/null; then
+    "$PY" -c "import triton, sys; sys.exit(0 if tuple(map(int, triton.__version__.split('.')[:2])) >= (3, 9) else 1)" \
+        2>/dev/null || "$PY" -m pip install -q "triton>=3.9"
+fi
 
 # The validator's sandbox: bubblewrap where it can run (a Debian package); without it the workers fall back
 # to Landlock + seccomp (`dice doctor` says which is in force). Installed here only when this script runs as

@@ -18,6 +18,12 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+# Without a GPU, Triton kernels (engine.triton_kernels) run in Triton's interpreter; it must be chosen before
+# Triton is first imported (its own library functions are decorated at import).
+if not _cuda_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _cuda_available():
         return
