@@ -288,7 +288,8 @@ if triton is not None:
         j = sp * CHUNK + tl.arange(0, CHUNK)
         ws = (bg * NSPLIT + sp) * R + i
         d = tl.arange(0, D)  # a chunk wholly past `end` loads nothing and stores m = -inf, l = 0
-        q = tl.load(q_ptr + ((b * T + t[:, None]) * H + h[:, None]) * D + d[None, :], mask=row_ok[:, None])
+        q_off = ((b * T + t[:, None]) * H + h[:, None]) * D + d[None, :]
+        q = tl.load(q_ptr + q_off, mask=row_ok[:, None], other=0.0)
         kv_off = b * stride_cb + g * stride_cg + j[:, None] * stride_cs + d[None, :]
         in_range = (j < S) & (j < end)
         k = tl.load(k_ptr + kv_off, mask=in_range[:, None], other=0.0)
