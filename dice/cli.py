@@ -7,12 +7,12 @@ import sys
 from collections.abc import Sequence
 
 from dice import __version__
-from dice.commands import complete, doctor, eval, generate, masks, serve, train, validate
+from dice.commands import complete, cuke, doctor, eval, generate, masks, serve, train, validate
 from dice.commands.common import CliError
 
 # One module per top-level sub-command; each defines ``add_parser(subparsers) -> None`` and imports what
 # its command runs only when it runs (``dice masks`` never imports torch).
-COMMAND_MODULES = (masks, complete, generate, serve, train, validate, eval, doctor)
+COMMAND_MODULES = (masks, complete, generate, serve, train, cuke, validate, eval, doctor)
 
 
 def build_parser() -> argparse.ArgumentParser:

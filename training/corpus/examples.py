@@ -27,7 +27,31 @@ class Example:
 
     @classmethod
     def from_json(cls, line: str) -> Example:
-        return cls(**json.loads(line))
+        """One record: this class's own JSON, or a CuKe ``sft.jsonl`` record (``dice cuke build``: DICE's
+        ``{prompt, response}`` form, the prompt being the user's text, plus ``id``, ``level``, ``source``,
+        ``speedup``, ``group``), whose prompt gets the chat template the engine prompts with."""
+        data = json.loads(line)
+        if not isinstance(data, dict) or "prompt" not in data or "response" not in data:
+            raise ValueError("an example needs 'prompt' and 'response'")
+        known = {f for f in cls.__dataclass_fields__}
+        if known.issuperset(data) and {"id", "group", "task", "source"} <= data.keys():
+            return cls(**data)
+        from engine.prompts import chat
+
+        prompt = data["prompt"]
+        if "<|im_start|>" not in prompt:
+            prompt = chat(prompt)
+        extra = {k: v for k, v in data.items() if k not in known}
+        rid = str(data.get("id", ""))
+        return cls(
+            id=rid,
+            group=str(data.get("group") or rid),
+            task=str(data.get("task") or "kernelbench"),
+            source=str(data.get("source") or "cuke"),
+            prompt=prompt,
+            response=data["response"],
+            meta={**(data.get("meta") or {}), **extra} or None,
+        )
 
 
 def open_text(path: Path, mode: str = "rt"):

@@ -1,0 +1,222 @@
+"""`dice cuke build` end to end on the CPU, the validator stubbed at its process boundary (the pool): what is
+kept, held out, deduplicated and written, the report and card, and a killed build resuming from its cache."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import re
+
+import pytest
+
+from dice.validator.verdict import Verdict
+from training.cuke.build import TASK_FILES, BuildConfig, build
+
+REF = """import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, {op}_input):
+        {op}_output = torch.{op}({op}_input)
+        return {op}_output
+
+{op}_batch = 16
+{op}_features = 1024
+
+def get_inputs():
+    {op}_x = torch.randn({op}_batch, {op}_features)
+    return [{op}_x]
+
+def get_init_inputs():
+    return []
+"""
+
+NEW = '''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+# STUB {verdict}
+cuda_source = """
+__global__ void {op}_kernel(const float* x, float* y, int n) {{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {{ y[i] = {expr}; }}
+}}
+"""
+
+cpp_source = "torch::Tensor {op}_cuda(torch::Tensor x);"
+ext = load_inline(name="{op}_ext", cpp_sources=cpp_source, cuda_sources=cuda_source, functions=["{op}_cuda"])
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return ext.{op}_cuda(x)
+'''
+
+OPS = ["relu", "sigmoid", "tanh", "exp", "abs", "neg", "sqrt", "square"]
+
+
+class StubPool:
+    """The pool's interface (``submit_kernelbench``); the verdict is the candidate's ``# STUB`` line."""
+
+    workers = 2
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls, self.fail = 0, fail
+
+    def submit_kernelbench(self, ref_src, cand_src, *, strict=False, timing=True, not_run=None):
+        if self.fail:
+            raise AssertionError("a resumed build validated again")
+        self.calls += 1
+        words = re.search(r"# STUB (.*)", cand_src).group(1).split()
+        if words[0] == "correct":
+            s = float(words[1])
+            v = Verdict("correct", True, True, speedup=s, ref_ms=1.0, new_ms=1 / s)
+        elif words[0] == "rejected":
+            v = Verdict("rejected", True, False, message=f"rejected by guard {words[1]}: stub")
+        else:
+            v = Verdict(words[0], words[0] != "compile_error", False, message="stub")
+        f = concurrent.futures.Future()
+        f.set_result(v)
+        return f
+
+    def close(self) -> None:
+        pass
+
+
+def _pair(i, op, verdict, expr="x[i]", problem=True):
+    rec = {
+        "id": f"p{i}",
+        "pytorch_code": REF.format(op=op),
+        "cuda_code": NEW.format(op=op, verdict=verdict, expr=expr),
+        "kb_version": "current",
+    }
+    if problem:
+        rec |= {"level": 1, "problem_id": OPS.index(op) + 1}
+    return rec
+
+
+@pytest.fixture
+def sources(tmp_path):
+    pairs = [
+        _pair(0, "relu", "correct 3.0", "fmaxf(x[i], 0.f)"),
+        _pair(1, "relu", "correct 3.0", "fmaxf(x[i], 0.f)") | {"id": "p1-copy"},  # exact duplicate
+        _pair(2, "sigmoid", "correct 1.3"),  # correct, too slow
+        _pair(3, "tanh", "incorrect"),
+        _pair(4, "exp", "rejected monkey_patch"),
+        _pair(5, "abs", "correct 2.5", "fabsf(x[i])"),
+        _pair(6, "neg", "correct 4.0", "-x[i]"),
+        _pair(7, "sqrt", "compile_error"),
+        _pair(8, "square", "correct 2.2", "x[i] * x[i]"),
+    ]
+    src = tmp_path / "pairs.jsonl"
+    src.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    probs = tmp_path / "problems.jsonl"
+    rows = [
+        {"level": 1, "problem_id": i + 1, "name": f"{i}_{op}.py", "code": REF.format(op=op)}
+        for i, op in enumerate(OPS)
+    ]
+    probs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    corpus = tmp_path / "corpus"
+    for repo in ("repoA", "repoB", "repoC"):
+        (corpus / repo).mkdir(parents=True)
+        (corpus / repo / "k.cu").write_text(
+            "__global__ void scale(float* y, const float* x, float a, int n) {\n"
+            "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+            "    if (i < n) {\n        y[i] = a * x[i];\n    }\n}\n"
+        )
+    return [src, probs, corpus]
+
+
+def _read(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_build_keeps_correct_and_fast_pairs_and_writes_every_file(tmp_path, sources):
+    out = tmp_path / "out"
+    cfg = BuildConfig(sources=sources[:2], out=out, holdout_fraction=0.25, seed=1, shape_variants=False)
+    pool = StubPool()
+    rep = build(cfg, pool=pool, compile_check=lambda text: True)
+    for name in (*TASK_FILES, "heldout_problems.jsonl", "report.json", "report.png", "card.md"):
+        assert (out / name).is_file(), name
+    from dice.validator.kbeval import load_problems
+
+    held = {f"L{p.level}P{p.problem_id}" for p in load_problems(out / "heldout_problems.jsonl")}
+    assert held and len(held) == rep.settings["heldout_problems"] == 2
+    sft = _read(out / "sft.jsonl")
+    kept_ops = {re.search(r"torch\.(\w+)\(\w+_input\)", r["prompt"]).group(1) for r in sft}
+    fast = {"relu", "abs", "neg", "square"}
+    assert kept_ops == fast - {OPS[int(k[3:]) - 1] for k in held}  # correct, >= 2x, not held out
+    assert not {r["group"].split(":")[-1] for r in sft} & held  # no held-out problem in training
+    for r in sft:
+        assert set(r) >= {"id", "prompt", "response", "level", "source", "speedup"} and r["speedup"] >= 2.0
+        assert "<|im_start|>" not in r["prompt"] and r["response"].startswith("```python")
+    for r in _read(out / "infill.jsonl"):
+        assert r["prefix"] + r["middle"] + r["suffix"] == r["cuda_code"]
+        assert 'cuda_source = """' in r["middle"]
+    assert all(r["id"] not in held for r in _read(out / "e2e.jsonl"))
+    report = json.loads((out / "report.json").read_text())
+    funnel = {f["stage"]: f["count"] for f in report["funnel"]}
+    assert funnel["read"] == 9 + 8 and funnel["pairs"] == 9
+    assert funnel["exact_duplicates"] == (0 if "L1P1" in held else 1)
+    assert funnel["kept"] == len(sft)
+    assert report["guards"] == ({} if "L1P5" in held else {"monkey_patch": 1})
+    assert "correct under the full protocol" in (out / "card.md").read_text()
+    # every task file is sorted by level (BiC-RL's schedule is the file order)
+    levels = [r["level"] for r in _read(out / "e2e.jsonl")]
+    assert levels == sorted(levels)
+    # `dice train sft --data OUT/sft.jsonl` reads the file as it is
+    from training.corpus import read_examples
+
+    examples = read_examples(out / "sft.jsonl")
+    assert len(examples) == len(sft) and examples[0].prompt.startswith("<|im_start|>user")
+
+
+def test_a_killed_build_resumes_from_its_verdict_cache(tmp_path, sources):
+    out = tmp_path / "out"
+    cfg = BuildConfig(sources=sources[:1], out=out, holdout_fraction=0, shape_variants=False)
+    first = build(cfg, pool=StubPool(), compile_check=lambda text: True)
+    lines = (out / "cache" / "verdicts.jsonl").read_text().splitlines()
+    # cut the cache as a kill mid-write would: the last line half written
+    (out / "cache" / "verdicts.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:20])
+    pool = StubPool()
+    second = build(cfg, pool=pool, compile_check=lambda text: True)
+    assert pool.calls == 1  # only the verdict whose line was cut
+    assert second.funnel["kept"] == first.funnel["kept"]
+    third = build(cfg, pool=StubPool(fail=True), compile_check=lambda text: True)
+    assert third.funnel["kept"] == first.funnel["kept"]
+
+
+def test_cu_tasks_hold_out_by_project_and_file_before_cutting(tmp_path, sources):
+    out = tmp_path / "out"
+    cfg = BuildConfig(sources=[sources[2]], out=out, no_gpu=True, cu_holdout_fraction=0.34, seed=3)
+    rep = build(cfg, compile_check=lambda text: True)
+    train, held = _read(out / "cu_infill.jsonl"), _read(out / "cu_infill_heldout.jsonl")
+    assert train and held
+    held_origins = {r["origin"] for r in held}
+    assert not held_origins & {r["origin"] for r in train}
+    for r in train + held:
+        assert r["text"].count("<MASK>") == 1
+    assert "compile-only" in (out / "card.md").read_text()
+    assert rep.funnel["validated"] == 0
+
+
+def test_cli_refuses_without_a_gpu_unless_told_and_names_bad_records(tmp_path, sources, capsys):
+    import torch
+
+    from dice.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert main(["cuke", "build", "--source", str(sources[0]), "--out", str(tmp_path / "o")]) == 2
+    assert "--no-gpu" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"pytorch_code": 3}\n')
+    code = main(["cuke", "build", "--source", str(bad), "--no-gpu", "--out", str(tmp_path / "o2")])
+    assert code == 0
+    report = json.loads((tmp_path / "o2" / "report.json").read_text())
+    assert any("line 1" in e and "pytorch_code" in e for e in report["read_errors"])

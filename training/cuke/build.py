@@ -1,0 +1,341 @@
+"""``dice cuke build``: sources -> validated, deduplicated, split pairs -> task files, report and card.
+
+The order matters for honesty and cost: the held-out problems are drawn (and every pair touching one, in
+either KernelBench version, set aside) *before* anything is validated or written, exact duplicates are
+dropped before the GPU sees them, near duplicates after (the faster one is kept, which only validation
+knows), and every kept pair carries its own measured verdict. Output layout and schemas: ``docs/CUKE.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from training.cuke import dedup, levels, readers, split, tasks
+from training.cuke.records import CuFile, Pair, ReadError
+from training.cuke.report import Report, write_all
+from training.cuke.validate import VerdictCache, validate_pairs
+
+TASK_FILES = ("sft.jsonl", "infill.jsonl", "e2e.jsonl", "cu_infill.jsonl", "cu_infill_heldout.jsonl")
+
+
+@dataclass
+class BuildConfig:
+    sources: list[Path]
+    out: Path
+    fmt: str | None = None
+    min_speedup: float = 2.0
+    holdout_fraction: float = 0.1
+    seed: int = 0
+    teacher: str | None = None
+    no_gpu: bool = False
+    limit: int | None = None
+    strict: bool = False
+    workers: int | None = None
+    deadline_s: float = 900.0
+    cu_holes_per_file: int = 3
+    cu_holdout_fraction: float = 0.1
+    shape_variants: bool = True
+    teacher_samples: int = 4
+    command: str = "dice cuke build"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mode(self) -> str:
+        return "compile" if self.no_gpu else "gpu"
+
+    def settings(self) -> dict[str, Any]:
+        words = (
+            "compile-only (--no-gpu): no correctness, no speedup"
+            if self.no_gpu
+            else f"correct under the full protocol and >= {self.min_speedup}x eager PyTorch on this GPU"
+        )
+        return {
+            "command": self.command,
+            "sources": [str(s) for s in self.sources],
+            "format": self.fmt,
+            "mode": self.mode,
+            "mode_words": words,
+            "min_speedup": self.min_speedup,
+            "holdout_fraction": self.holdout_fraction,
+            "seed": self.seed,
+            "teacher": self.teacher,
+            "limit": self.limit,
+            "strict": self.strict,
+        }
+
+
+@dataclass
+class _Read:
+    pairs: list[Pair] = field(default_factory=list)  # with a candidate
+    refs: list[Pair] = field(default_factory=list)  # reference-only (problems, unsolved records)
+    files: list[CuFile] = field(default_factory=list)
+
+
+def read_sources(cfg: BuildConfig, rep: Report) -> _Read:
+    """Every source, schema-checked; a bad record is reported (file, record, reason) and skipped."""
+    got = _Read()
+    for path in cfg.sources:
+        fmt = cfg.fmt or readers.detect_format(path)
+        info: dict[str, Any] = {
+            "path": str(path),
+            "format": fmt,
+            "records": 0,
+            "licence": None,
+            "commits": [],
+        }
+        licences, commits = set(), set()
+
+        def bad(err: ReadError, fmt: str = fmt) -> None:
+            rep.read_errors.append(str(err))
+            rep.count("read_errors", fmt)
+
+        for rec in readers.read_source(path, fmt, limit=cfg.limit, on_error=bad):
+            info["records"] += 1
+            if isinstance(rec, CuFile):
+                got.files.append(rec)
+                proj = rep.projects.setdefault(
+                    rec.repo, {"licence": rec.license, "commit": rec.commit, "files": 0}
+                )
+                proj["files"] += 1
+                licences.add(rec.license or "?")
+                if rec.commit:
+                    commits.add(f"{rec.repo}@{rec.commit[:12]}")
+                rep.count("read", rec.source)
+                continue
+            rep.count("read", rec.source)
+            if rec.cuda_code is None:
+                got.refs.append(rec)
+            else:
+                got.pairs.append(rec)
+                rep.count("pairs", rec.source)
+        info["licence"] = ", ".join(sorted(licences)) or _folder_licence(path)
+        info["commits"] = sorted(commits)
+        rep.sources.append(info)
+    return got
+
+
+def _folder_licence(path: Path) -> str | None:
+    """The licence named by a data folder's SOURCE.md (its first line mentioning one)."""
+    folder = path if path.is_dir() else path.parent
+    card = folder / "SOURCE.md"
+    if not card.is_file():
+        return None
+    for line in card.read_text(encoding="utf-8", errors="replace").splitlines():
+        low = line.lower()
+        if "licen" in low and len(line) < 300:
+            return line.strip("#-* ").strip()[:120]
+    return None
+
+
+def build(
+    cfg: BuildConfig,
+    *,
+    pool: Any = None,
+    teacher: Any = None,
+    compile_check: Callable[[str], bool] | None = None,
+    console: Any = None,
+) -> Report:
+    """Run the whole build; ``pool`` (a ValidatorPool), ``teacher`` and ``compile_check`` default to the real
+    ones (tests stub them at their process boundary). Returns the report, also written to ``cfg.out``."""
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    rep = Report(cfg.settings())
+    t0 = time.perf_counter()
+    got = read_sources(cfg, rep)
+    rep.timings["read"] = time.perf_counter() - t0
+
+    t = time.perf_counter()
+    train, heldout_keys = _split(cfg, rep, got)
+    rep.timings["dedup_and_split"] = time.perf_counter() - t
+
+    kept: list[Pair] = []
+    if train:
+        own_pool = pool is None
+        if own_pool:
+            from dice.validator import ValidatorPool
+
+            pool = ValidatorPool(workers=cfg.workers, gpu=not cfg.no_gpu)
+        try:
+            t = time.perf_counter()
+            kept = _validate(cfg, rep, train, pool)
+            rep.timings["validate"] = time.perf_counter() - t
+            t = time.perf_counter()
+            kept += _augment(cfg, rep, kept, pool, teacher)
+            rep.timings["augment"] = time.perf_counter() - t
+        finally:
+            if own_pool:
+                pool.close()
+    result = dedup.dedup_pairs(kept)
+    rep.count("near_duplicates", "all", len(result.dropped))
+    kept = result.kept
+    for p in kept:
+        rep.count("kept", p.source)
+    t = time.perf_counter()
+    _write_tasks(cfg, rep, kept, got, heldout_keys, compile_check)
+    rep.timings["tasks"] = time.perf_counter() - t
+    rep.timings["total"] = time.perf_counter() - t0
+    write_all(rep, cfg.out, console)
+    return rep
+
+
+def _split(cfg: BuildConfig, rep: Report, got: _Read) -> tuple[list[Pair], set[str]]:
+    """Held-out problems drawn first (seeded), every pair touching one set aside, exact duplicates dropped."""
+    evals = dedup.eval_problems_from(got.pairs + got.refs)
+    matches = dedup.contamination(got.pairs, evals)
+    rep.contamination = dedup.contamination_table(got.pairs, matches, evals)
+    keys = {p.problem for p in evals if p.problem} | {p.problem for p in got.pairs if p.problem}
+    heldout = split.holdout_problems(keys, cfg.holdout_fraction, cfg.seed) if cfg.holdout_fraction else set()
+    train, held, _reasons = split.split_pairs(got.pairs, heldout, matches)
+    for p in held:
+        rep.count("held_out", p.source)
+    written = split.write_heldout_problems(cfg.out / "heldout_problems.jsonl", heldout, evals)
+    rep.settings["heldout_problems"] = len(heldout)
+    rep.settings["heldout_current_problems_written"] = written
+    seen: dict[str, Pair] = {}
+    unique = []
+    for p in train:
+        key = dedup.exact_key(p)
+        if key in seen:
+            rep.count("exact_duplicates", p.source)
+            continue
+        seen[key] = p
+        unique.append(p)
+    return unique, heldout
+
+
+def _validate(cfg: BuildConfig, rep: Report, pairs: list[Pair], pool: Any) -> list[Pair]:
+    cache = VerdictCache(cfg.out / "cache" / "verdicts.jsonl")
+    kept = []
+    try:
+        for pair, chk in validate_pairs(
+            pairs, pool=pool, cache=cache, mode=cfg.mode, strict=cfg.strict, deadline_s=cfg.deadline_s
+        ):
+            src = pair.source
+            rep.count("validated", src)
+            rep.statuses[chk.status] += 1
+            if chk.compiled:
+                rep.count("compiled", src)
+            if chk.guard:
+                rep.guards[chk.guard] += 1
+            if chk.status == "correct":
+                rep.count("correct", src)
+                if chk.speedup is not None:
+                    rep.speedups.append(chk.speedup)
+            pair.meta.update(verdict=chk.status, speedup=chk.speedup, guard=chk.guard, mode=chk.mode)
+            if chk.kept(cfg.min_speedup):
+                if cfg.mode == "gpu":
+                    rep.count("fast", src)
+                kept.append(pair)
+    finally:
+        cache.close()
+    return kept
+
+
+def _augment(cfg: BuildConfig, rep: Report, kept: list[Pair], pool: Any, teacher: Any) -> list[Pair]:
+    """Shape variants of the kept pairs and teacher kernels for the layer blocks, validated like the rest
+    (GPU mode only: compile-only verdicts say nothing about a shape). Without a teacher: the plan's counts."""
+    from training.cuke import augment
+
+    blocks = augment.layer_block_references()
+    if teacher is None and cfg.teacher:
+        # an endpoint's key from the environment, never a flag (it would land in the card's command line)
+        teacher = augment.teacher_from_arg(cfg.teacher, **_teacher_options(cfg.teacher, os.environ))
+    rep.augmentation = augment.augmentation_plan(kept, blocks, teacher, samples=cfg.teacher_samples)
+    rep.augmentation["mode"] = cfg.mode
+    if cfg.mode != "gpu" and teacher is None:
+        rep.augmentation["note"] = "compile-only build: no shape variants validated, no teacher"
+        return []
+    extra: list[Pair] = []
+    if cfg.mode == "gpu" and cfg.shape_variants:
+        extra += [v for p in kept for v in augment.shape_variants(p)]
+    if teacher is not None:
+        extra += augment.teacher_candidates(blocks, teacher, cfg.teacher_samples)
+    got = _validate(cfg, rep, extra, pool) if extra else []
+    rep.augmentation["validated"] = len(extra)
+    rep.augmentation["kept"] = len(got)
+    return got
+
+
+def _teacher_options(arg: str, env: Any) -> dict[str, Any]:
+    key = env.get("DICE_TEACHER_API_KEY") or env.get("OPENAI_API_KEY")
+    return {"api_key": key} if key and arg.startswith(("http://", "https://")) else {}
+
+
+def _level(pair: Pair, rep: Report) -> int:
+    try:
+        guess = levels.classify_level(pair.pytorch_code).level
+    except ValueError:
+        guess = pair.level or 1
+    if pair.level is not None:
+        key = "agree" if pair.level == guess else "disagree"
+        rep.level_agreement[key] = rep.level_agreement.get(key, 0) + 1
+    return guess
+
+
+def _write_tasks(
+    cfg: BuildConfig,
+    rep: Report,
+    kept: list[Pair],
+    got: _Read,
+    heldout_keys: set[str],
+    compile_check: Callable[[str], bool] | None,
+) -> None:
+    """The task files, each sorted by level (single op -> fused -> whole model: BiC-RL's data schedule)."""
+    lv = {p.id: _level(p, rep) for p in kept}
+    for p in kept:
+        rep.levels[f"L{lv[p.id]}"] += 1
+    by_level = sorted(kept, key=lambda p: (lv[p.id], p.id))
+    sft = [tasks.sft_record(p, level=lv[p.id], speedup=p.meta.get("speedup")) for p in by_level]
+    infill = [r for p in by_level if (r := tasks.infill_record(p, level=lv[p.id])) is not None]
+    e2e_src: dict[str, Pair] = {}
+    for p in by_level + sorted(got.refs, key=lambda r: r.id):
+        if p.problem and p.problem in heldout_keys:
+            continue  # an evaluation problem: never a training task
+        e2e_src.setdefault(dedup.normalize_code(p.pytorch_code), p)
+    e2e = sorted(
+        (tasks.e2e_record(p, level=lv.get(p.id) or _level(p, rep)) for p in e2e_src.values()),
+        key=lambda r: (r["level"], r["id"]),
+    )
+    cu_train, cu_held = _cu_tasks(cfg, rep, kept, got.files, compile_check)
+    for name, rows in zip(TASK_FILES, (sft, infill, e2e, cu_train, cu_held), strict=True):
+        with (cfg.out / name).open("w", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
+        rep.tasks[name] = len(rows)
+
+
+def _cu_tasks(
+    cfg: BuildConfig,
+    rep: Report,
+    kept: list[Pair],
+    files: list[CuFile],
+    compile_check: Callable[[str], bool] | None,
+) -> tuple[list[dict], list[dict]]:
+    """``.cu`` infill tasks from the corpus and the kept kernels; held out by project and by file (seeded)
+    *before* any hole is cut, so no held-out file or project lends a hole to training."""
+    rng = random.Random(cfg.seed)
+    repos = sorted({f.repo for f in files})
+    n_repos = max(1, round(len(repos) * cfg.cu_holdout_fraction)) if cfg.cu_holdout_fraction and repos else 0
+    held_repos = set(rng.sample(repos, min(n_repos, max(0, len(repos) - 1)))) if len(repos) > 1 else set()
+    held_files = {f.id for f in files if f.repo not in held_repos and rng.random() < cfg.cu_holdout_fraction}
+    kernel_files = [cf for p in kept for cf in tasks.kernels_as_cu_files(p)]
+    check = compile_check or tasks.nvrtc_compiles
+    train_files = [f for f in files if f.repo not in held_repos and f.id not in held_files] + kernel_files
+    held = [f for f in files if f.repo in held_repos or f.id in held_files]
+    workers = 1 if compile_check is not None else max(1, min(8, os.cpu_count() or 1))
+    stats = tasks.CuTaskStats()
+    kw = dict(per_file=cfg.cu_holes_per_file, seed=cfg.seed, compile_check=check, workers=workers)
+    kw["stats"] = stats
+    train_rows = list(tasks.cu_infill_tasks(train_files, **kw))
+    held_rows = [
+        r | {"heldout": "project" if r["origin"].split(":", 1)[0] in held_repos else "file"}
+        for r in tasks.cu_infill_tasks(held, **kw)
+    ]
+    rep.cu_tasks = stats.to_json() | {"held_out_repos": sorted(held_repos), "held_out_files": len(held_files)}
+    return train_rows, held_rows
