@@ -147,9 +147,14 @@ def write_png(rep: Report, path: Path) -> None:
         [f"{h['from']:g}-{h['to'] if h['to'] is not None else '∞'}" for h in hist], [h["count"] for h in hist]
     )
     ax.set_title(
-        f"speedup over eager PyTorch (correct candidates, n={len(rep.speedups)}; "
-        f"kept: >= {rep.settings.get('min_speedup')})"
+        f"speedup over eager PyTorch, correct candidates (n={len(rep.speedups)})\n"
+        f"kept: >= {rep.settings.get('min_speedup')}x",
+        fontsize=10,
     )
+    if not rep.speedups:
+        why = "compile-only build: nothing timed" if rep.settings.get("mode") == "compile" else "none correct"
+        ax.text(0.5, 0.5, why, transform=ax.transAxes, ha="center", va="center")
+        ax.set_yticks([])
     ax.tick_params(axis="x", labelsize=7)
     ax = axes[1][0]
     lv = sorted(rep.levels.items())
