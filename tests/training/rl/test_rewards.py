@@ -119,7 +119,7 @@ def test_kernelbench_rewards_guards_and_duplicates():
 def test_speedup_term_for_e2e_only():
     assert speedup_reward(2.0) == pytest.approx(1.3)
     assert speedup_reward(64.0) == pytest.approx(2.3)  # capped at log2 = 2
-    assert speedup_reward(0.5) == pytest.approx(0.05)  # floored: a correct kernel never pays below a wrong one
+    assert speedup_reward(0.5) == pytest.approx(0.05)  # floored: correct never pays below wrong
     assert speedup_reward(None) == pytest.approx(0.3)
     assert speedup_reward(float("inf")) == pytest.approx(2.3)
     pool = StubPool()
