@@ -68,6 +68,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     SFTConfig.add_arguments(sft)
     sft.set_defaults(func=run_sft)
 
+    from training.rl.config import RLConfig
+
+    rl = sub.add_parser(
+        "rl",
+        help="BiC-RL: TraceRL post-training with engine rollouts and validator rewards (docs/RL.md)",
+        description="BiC-RL (TraceRL). Phase infill, then phase e2e with --model <infill run>/final. Several "
+        "GPUs: accelerate launch --config_file training/configs/<cfg>.yaml -m dice train rl ...",
+    )
+    RLConfig.add_arguments(rl)
+    rl.set_defaults(func=run_rl)
+
     ev = sub.add_parser("eval", help="held-out masked-token accuracy and NVRTC compile rate of .cu infills")
     ev.add_argument("--model", type=Path, required=True, help="checkpoint folder")
     ev.add_argument("--heldout", type=Path, required=True, help="heldout.jsonl from `dice train corpus`")
@@ -137,6 +148,29 @@ def run_sft(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliError(str(exc)) from exc
     summary = main(cfg)
+    print_json(summary, indent=2)
+    return 0
+
+
+def run_rl(args: argparse.Namespace) -> int:
+    from training.rl.config import RLConfig
+
+    cfg = RLConfig.from_args(args)
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    if not Path(cfg.model).is_dir():
+        raise CliError(f"--model {cfg.model}: checkpoint folder not found")
+    for path in [*cfg.tasks, *([cfg.eval_tasks] if cfg.eval_tasks else [])]:
+        check_input_file(Path(path), what="task file", max_bytes=safeio.DATA_LIMIT)
+    from training.rl.tasks import TaskFileError
+    from training.rl.trainer import RLSetupError, main
+
+    try:
+        summary = main(cfg)
+    except (TaskFileError, RLSetupError) as exc:
+        raise CliError(str(exc)) from exc
     print_json(summary, indent=2)
     return 0
 
