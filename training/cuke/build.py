@@ -187,13 +187,15 @@ def build(
 def _split(cfg: BuildConfig, rep: Report, got: _Read) -> tuple[list[Pair], set[str]]:
     """Held-out problems drawn first (seeded), every pair touching one set aside, exact duplicates dropped."""
     evals = dedup.eval_problems_from(got.pairs + got.refs)
-    matches = dedup.contamination(got.pairs, evals)
+    # references without a candidate become e2e tasks: the same contamination rule applies to them
+    matches = dedup.contamination(got.pairs + got.refs, evals)
     rep.contamination = dedup.contamination_table(got.pairs, matches, evals)
     keys = {p.problem for p in evals if p.problem} | {p.problem for p in got.pairs if p.problem}
     heldout = split.holdout_problems(keys, cfg.holdout_fraction, cfg.seed) if cfg.holdout_fraction else set()
     train, held, _reasons = split.split_pairs(got.pairs, heldout, matches)
     for p in held:
         rep.count("held_out", p.source)
+    got.refs = split.split_pairs(got.refs, heldout, matches)[0]  # held-out references: no e2e task
     written = split.write_heldout_problems(cfg.out / "heldout_problems.jsonl", heldout, evals)
     rep.settings["heldout_problems"] = len(heldout)
     rep.settings["heldout_current_problems_written"] = written
@@ -294,7 +296,7 @@ def _write_tasks(
     sft = [tasks.sft_record(p, level=lv[p.id], speedup=p.meta.get("speedup")) for p in by_level]
     infill = [r for p in by_level if (r := tasks.infill_record(p, level=lv[p.id])) is not None]
     e2e_src: dict[str, Pair] = {}
-    for p in by_level + sorted(got.refs, key=lambda r: r.id):
+    for p in by_level + sorted(got.refs, key=lambda r: r.id):  # got.refs: held-out ones already removed
         if p.problem and p.problem in heldout_keys:
             continue  # an evaluation problem: never a training task
         e2e_src.setdefault(dedup.normalize_code(p.pytorch_code), p)
