@@ -15,7 +15,7 @@ from torch import Tensor
 
 from engine import triton_kernels as tk
 from engine.kv_cache import KVCache
-from engine.model import DiceModel
+from engine.model import DiceModel, rope_inv_freq
 
 
 def supported(model: DiceModel) -> str | None:
@@ -44,10 +44,8 @@ class FastForward:
         self.model = model
         c = model.config
         device = model.lm_head.weight.device
-        # The same float32 table rope_cos_sin builds (angles = position * inv_freq, in float32).
-        self.inv_freq = 1.0 / (
-            c.rope_theta ** (torch.arange(0, c.head_dim, 2, device=device, dtype=torch.float32) / c.head_dim)
-        )
+        # The table rope_cos_sin uses (angles = position * inv_freq, in float32).
+        self.inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, device)
 
     @torch.no_grad()
     def __call__(

@@ -140,6 +140,11 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
+def rope_inv_freq(head_dim: int, theta: float, device: torch.device | str | None = None) -> Tensor:
+    """(D/2,) float32 inverse frequencies of Qwen3's RoPE (as transformers computes them)."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+
+
 def rope_cos_sin(
     position_ids: Tensor, head_dim: int, theta: float, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
@@ -148,9 +153,7 @@ def rope_cos_sin(
     Angles are computed in float32 as transformers does. The sin table carries the rotation's sign
     ([-sin, sin]) so that ``apply_rope`` needs a roll instead of a split, negate and concatenate.
     """
-    inv_freq = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim)
-    )
+    inv_freq = rope_inv_freq(head_dim, theta, position_ids.device)
     freqs = position_ids.float()[..., None] * inv_freq  # (B, T, D/2)
     cos = torch.cat((freqs, freqs), dim=-1).cos()
     sin = freqs.sin()

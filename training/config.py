@@ -102,18 +102,7 @@ class SFTConfig:
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        for f in dataclasses.fields(cls):
-            flag = "--" + f.name.replace("_", "-")
-            help_text = f.metadata.get("help", "")
-            if f.type in ("bool", bool):
-                parser.add_argument(
-                    flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
-                )
-                continue
-            kind = {"int": int, "float": float}.get(str(f.type), str)
-            required = f.default is dataclasses.MISSING
-            default = None if required else f.default
-            parser.add_argument(flag, type=kind, default=default, required=required, help=help_text)
+        add_dataclass_arguments(cls, parser)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SFTConfig:
@@ -135,3 +124,28 @@ class SFTConfig:
             raise ValueError(f"--attention {self.attention!r}: use flex, dense or auto")
         if not 0 < self.eps < 1:
             raise ValueError("--eps must be in (0, 1)")
+
+
+def add_dataclass_arguments(cls: type, parser: argparse.ArgumentParser) -> None:
+    """One ``--kebab-case`` option per field of a config dataclass (``dice train sft`` and ``rl``): bools as
+    ``--x/--no-x``, required fields as required options; a field's metadata gives its ``help`` and may set
+    ``action="append"`` (a repeatable, required file option) or ``nargs``/``const``."""
+    for f in dataclasses.fields(cls):
+        meta = dict(f.metadata)
+        kwargs: dict = {"help": meta.pop("help", "")}
+        if f.type in ("bool", bool):
+            kwargs.update(action=argparse.BooleanOptionalAction, default=f.default)
+        elif meta.get("action") == "append":
+            kwargs.update(action="append", required=True, metavar="FILE")
+        else:
+            kwargs.update(
+                type={"int": int, "float": float}.get(str(f.type), str),
+                nargs=meta.get("nargs"),
+                const=meta.get("const"),
+            )
+            if f.default is dataclasses.MISSING:
+                kwargs["required"] = True
+            else:
+                kwargs["default"] = f.default
+        flag = "--" + f.name.replace("_", "-")
+        parser.add_argument(flag, **{k: v for k, v in kwargs.items() if v is not None})

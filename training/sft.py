@@ -442,27 +442,14 @@ class SFTRecipe:
 
     def export_final(self) -> Path:
         """The trained model in the engine's format (``out/final``), with tokenizer, config and curve."""
-        from engine.checkpoint import save_model
-        from engine.model import DiceModel
+        from training.export import export_engine_format
 
-        cfg, acc, config = self.cfg, self.accelerator, self.model.config
+        cfg, acc = self.cfg, self.accelerator
         final = self.out / "final"
-        state_dict = acc.get_state_dict(self.objective)
-        if acc.is_main_process:
-            with torch.device("meta"):  # no default init: every tensor comes from the state dict
-                export = DiceModel(config)
-            export.load_state_dict(
-                {k.removeprefix("model."): v for k, v in state_dict.items()}, strict=True, assign=True
-            )
-            if config.tie_word_embeddings:
-                export.tie_weights()
-            save_model(
-                export,
-                final,
-                tokenizer_dir=self.tokenizer_dir,
-                dtype=cfg.save_dtype,
-                max_shard_bytes=cfg.max_shard_mb * 2**20 if cfg.max_shard_mb else None,
-            )
+        if export_engine_format(
+            acc, self.objective, self.model.config, final, tokenizer_dir=self.tokenizer_dir,
+            dtype=cfg.save_dtype, max_shard_mb=cfg.max_shard_mb,
+        ):  # fmt: skip
             (final / "sft_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
             if (self.out / "loss_curve.png").is_file():
                 shutil.copyfile(self.out / "loss_curve.png", final / "loss_curve.png")

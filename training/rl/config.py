@@ -168,24 +168,9 @@ class RLConfig:
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         """One ``--kebab-case`` option per field; required fields are required options."""
-        for f in dataclasses.fields(cls):
-            meta = dict(f.metadata)
-            kwargs: dict = {"help": meta.pop("help", "")}
-            if f.type in ("bool", bool):
-                kwargs.update(action=argparse.BooleanOptionalAction, default=f.default)
-            elif meta.get("action") == "append":
-                kwargs.update(action="append", required=True, metavar="FILE")
-            else:
-                kwargs.update(
-                    type={"int": int, "float": float}.get(str(f.type), str),
-                    nargs=meta.get("nargs"),
-                    const=meta.get("const"),
-                )
-                if f.default is dataclasses.MISSING:
-                    kwargs["required"] = True
-                else:
-                    kwargs["default"] = f.default
-            parser.add_argument(_flag(f.name), **{k: v for k, v in kwargs.items() if v is not None})
+        from training.config import add_dataclass_arguments
+
+        add_dataclass_arguments(cls, parser)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RLConfig:

@@ -512,27 +512,14 @@ class RLTrainer:
 
     def export_final(self) -> Path:
         """The trained model in the engine's format (``out/final``), with tokenizer, config and curves."""
-        from engine.checkpoint import save_model
-        from engine.model import DiceModel
+        from training.export import export_engine_format
 
-        cfg, acc, config = self.cfg, self.accelerator, self.model_config
+        cfg, acc = self.cfg, self.accelerator
         final = self.out / "final"
-        state_dict = acc.get_state_dict(self.policy)
-        if acc.is_main_process:
-            with torch.device("meta"):
-                export = DiceModel(config)
-            export.load_state_dict(
-                {k.removeprefix("model."): v for k, v in state_dict.items()}, strict=True, assign=True
-            )
-            if config.tie_word_embeddings:
-                export.tie_weights()
-            save_model(
-                export,
-                final,
-                tokenizer_dir=self.tokenizer_dir,
-                dtype=cfg.save_dtype,
-                max_shard_bytes=cfg.max_shard_mb * 2**20 if cfg.max_shard_mb else None,
-            )
+        if export_engine_format(
+            acc, self.policy, self.model_config, final, tokenizer_dir=self.tokenizer_dir,
+            dtype=cfg.save_dtype, max_shard_mb=cfg.max_shard_mb,
+        ):  # fmt: skip
             (final / "rl_config.json").write_text(cfg.to_json())
             if (self.out / "curves.png").is_file():
                 shutil.copyfile(self.out / "curves.png", final / "curves.png")
