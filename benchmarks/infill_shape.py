@@ -45,8 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dice.assistant.fills import prompt_token_counter, shaped_fill  # noqa: E402
-from dice.assistant.prompting import Hole, build_infill_request, read_hole_cut  # noqa: E402
+from dice.assistant.prompting import Hole, build_infill_request  # noqa: E402
 from dice.cuda_source import extract_device_code, function_at, parse_document  # noqa: E402
+from engine.model_settings import read_hole_cut  # noqa: E402
 
 BUDGET = 48
 LINE_MASK = f"// <MASK:{BUDGET}>"

@@ -32,6 +32,7 @@ TOKENIZER_FILES = (
     "added_tokens.json",
     "generation_config.json",
     "chat_template.jinja",
+    "dice.json",  # engine.model_settings: how the model's infilling prompts are cut
 )
 # Buffers some exporters write that this model recomputes.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

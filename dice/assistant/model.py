@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from dice.assistant.prompting import HoleCut, read_hole_cut
 from dice.assistant.request import Request
 from dice.assistant.settings import AssistantSettings
 from dice.assistant.types import ModelInfo
+from engine.model_settings import HoleCut, read_hole_cut
 
 if TYPE_CHECKING:
     from engine.interface import InferenceEngine

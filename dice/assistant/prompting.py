@@ -10,27 +10,29 @@ Where the hole is cut is a property of the model (``infill_holes`` in a ``dice.j
 moves the cut of a mask alone on its line(s) to whole lines, and ``InfillRequest.mask_fill`` maps the
 generated lines back onto the comment's range.
 
+The byte windowing (whole-line holes, trimming the file to the budget around the enclosing function) is
+``dice.cuda_source.window``'s, shared with the embedded model's training corpus (``training.embedded``), so
+the model is trained on the windows it is prompted with.
+
 Where a fill ends is the hole's shape (``dice.assistant.shape``: a statement for a mask alone on its line,
 an expression inside one, a block for a whole body), carried in ``InfillRequest.shape`` for the engine.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from dice.assistant.shape import HoleShape, hole_shape
 from dice.cuda_source.positions import decode_bytes
+from dice.cuda_source.window import line_aligned_span, trim_context
+from engine.model_settings import HoleCut
 
 if TYPE_CHECKING:
     from dice.cuda_source import CudaDocument
 
-HoleCut = Literal["byte", "line"]
-MODEL_SETTINGS_FILE = "dice.json"
-_HOLE_CUTS = ("byte", "line")
+# The per-model hole cut (dice.json beside the weights): engine.model_settings (BiC-RL reads it too).
 
 
 @dataclass(frozen=True)
@@ -83,45 +85,6 @@ def line_middle_to_mask_fill(middle: str) -> str:
     """
     text = middle.lstrip(" \t")  # stops at the first line break: only the first line's indentation
     return _LAST_BREAK.sub("", text, count=1)
-
-
-def line_aligned_span(data: bytes, start: int, end: int) -> tuple[int, int] | None:
-    """The whole lines holding ``data[start:end]`` when nothing but blanks shares them, else None.
-
-    Returns (start of the first line, start of the line after the last one, or len(data) at the end of
-    the file). A zero-width span (a cursor) is never widened.
-    """
-    if end <= start:
-        return None
-    line_start = data.rfind(b"\n", 0, start) + 1
-    if data[line_start:start].strip(b" \t"):
-        return None
-    newline = data.find(b"\n", end)
-    line_end = len(data) if newline < 0 else newline + 1
-    if data[end:line_end].strip(b" \t\r\n"):
-        return None
-    return line_start, line_end
-
-
-def read_hole_cut(model_dir: str | Path | None) -> HoleCut:
-    """The model's hole cut from ``<model_dir>/dice.json`` (``{"infill_holes": "byte" | "line"}``);
-    "byte" when there is no folder, no file or no such key. ValueError for a file that says something else.
-    """
-    if model_dir is None:
-        return "byte"
-    path = Path(model_dir) / MODEL_SETTINGS_FILE
-    if not path.is_file():
-        return "byte"
-    try:
-        settings = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: not a readable JSON file ({exc})") from exc
-    if not isinstance(settings, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(settings).__name__}")
-    cut = settings.get("infill_holes", "byte")
-    if cut not in _HOLE_CUTS:
-        raise ValueError(f"{path}: infill_holes must be one of {', '.join(_HOLE_CUTS)}, got {cut!r}")
-    return cut
 
 
 def spec_context(doc: CudaDocument) -> str | None:
@@ -177,7 +140,9 @@ def build_infill_request(
     keep_after = (fend - end) - _overlap((end, fend), cut)
 
     if budget_chars is not None:
-        before, after = _trim(before, after, max(0, budget_chars), keep_before, keep_after, prefix_weight)
+        before, after = trim_context(
+            before, after, max(0, budget_chars), keep_before, keep_after, prefix_weight
+        )
 
     return InfillRequest(
         prefix=decode_bytes(before),
@@ -198,60 +163,3 @@ def shape_of(doc: CudaDocument, hole: Hole) -> HoleShape:
 
 def _overlap(a: tuple[int, int], b: tuple[int, int]) -> int:
     return max(0, min(a[1], b[1]) - max(a[0], b[0]))
-
-
-def _trim(
-    before: bytes, after: bytes, budget: int, keep_before: int, keep_after: int, weight: int
-) -> tuple[bytes, bytes]:
-    """Cut ``before`` from the left and ``after`` from the right, at line boundaries, so that
-    ``weight * len(before) + len(after) <= budget``.
-
-    ``before[keep_before:]`` and ``after[:keep_after]`` (the enclosing function) are kept whole when they fit;
-    the spare budget goes two thirds to the text before the hole, which matters more for a fill.
-    """
-    if weight * len(before) + len(after) <= budget:
-        return before, after
-    must_before = len(before) - keep_before
-    must_after = keep_after
-    if weight * must_before + must_after > budget:
-        # the function alone is too long: keep the text nearest the hole
-        share_before = min(must_before, (2 * budget) // (3 * weight))
-        share_after = min(must_after, budget - weight * share_before)
-        share_before = min(must_before, (budget - share_after) // weight)
-    else:
-        spare = budget - weight * must_before - must_after
-        extra_before = min(keep_before, (2 * spare) // (3 * weight))
-        extra_after = min(len(after) - must_after, spare - weight * extra_before)
-        extra_before = min(keep_before, (spare - extra_after) // weight)
-        share_before = must_before + extra_before
-        share_after = must_after + extra_after
-    return _tail_at_line(before, share_before), _head_at_line(after, share_after)
-
-
-def _tail_at_line(data: bytes, size: int) -> bytes:
-    if size >= len(data):
-        return data
-    if size <= 0:
-        return b""
-    tail = data[len(data) - size :]
-    cut = tail.find(b"\n")
-    # starting after a newline keeps UTF-8 sequences whole
-    return tail[cut + 1 :] if cut >= 0 else _valid_utf8_tail(tail)
-
-
-def _head_at_line(data: bytes, size: int) -> bytes:
-    if size >= len(data):
-        return data
-    if size <= 0:
-        return b""
-    head = data[:size]
-    cut = head.rfind(b"\n")
-    return head[: cut + 1] if cut >= 0 else head.decode("utf-8", errors="ignore").encode("utf-8")
-
-
-def _valid_utf8_tail(data: bytes) -> bytes:
-    # skip UTF-8 continuation bytes (0b10xxxxxx) at the start
-    i = 0
-    while i < len(data) and (data[i] & 0xC0) == 0x80:
-        i += 1
-    return data[i:]

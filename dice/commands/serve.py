@@ -114,7 +114,7 @@ def _load(args: argparse.Namespace, console: object) -> tuple[object, str, str |
     if problem:
         raise CliError(problem)
     import engine as engine_pkg
-    from dice.assistant.prompting import read_hole_cut
+    from engine.model_settings import read_hole_cut
 
     try:
         loaded = engine_pkg.load_engine(args.model, device=None if args.device == "auto" else args.device)

@@ -16,10 +16,10 @@ from dice.assistant.prompting import (
     build_infill_request,
     line_aligned_span,
     line_middle_to_mask_fill,
-    read_hole_cut,
 )
 from dice.cli import main
 from dice.cuda_source import parse_document
+from engine.model_settings import read_hole_cut
 
 from .conftest import ScriptedEngine
 

@@ -1,0 +1,39 @@
+"""Per-model prompting settings: ``dice.json`` beside a model's weights (optional).
+
+``{"infill_holes": "byte" | "line"}`` says how the model's infilling examples were cut, so every caller
+prompts it the way it was trained: the assistant's fills (``dice.assistant.prompting``), ``dice serve`` and
+BiC-RL's ``.cu`` rollouts (``training.rl.tasks``). "byte" (the default; the first dice-tiny's ``.cu`` holes
+were cut at a statement's bytes): the prompt's prefix and suffix meet at the mask comment. "line": a mask
+alone on its line(s) is prompted as whole lines (prefix to the line start, suffix from the next line).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+MODEL_SETTINGS_FILE = "dice.json"
+HoleCut = Literal["byte", "line"]
+HOLE_CUTS: tuple[HoleCut, ...] = ("byte", "line")
+
+
+def read_hole_cut(model_dir: str | Path | None) -> HoleCut:
+    """The model's hole cut from ``<model_dir>/dice.json`` (``{"infill_holes": "byte" | "line"}``);
+    "byte" when there is no folder, no file or no such key. ValueError for a file that says something else.
+    """
+    if model_dir is None:
+        return "byte"
+    path = Path(model_dir) / MODEL_SETTINGS_FILE
+    if not path.is_file():
+        return "byte"
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable JSON file ({exc})") from exc
+    if not isinstance(settings, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(settings).__name__}")
+    cut = settings.get("infill_holes", "byte")
+    if cut not in HOLE_CUTS:
+        raise ValueError(f"{path}: infill_holes must be one of {', '.join(HOLE_CUTS)}, got {cut!r}")
+    return cut
