@@ -12,7 +12,16 @@
 - :mod:`~training.corpus.packing`: token ids and block-aligned packed rows (:class:`PackedRows`).
 """
 
-from training.corpus.build import PR67_EVAL_PROBLEMS, CorpusConfig, build_corpus, build_examples, split_groups
+from training.corpus.build import (
+    PR67_EVAL_PROBLEMS,
+    CorpusConfig,
+    CorpusWriter,
+    KernelBenchPart,
+    build_corpus,
+    build_examples,
+    kernelbench_part,
+    split_groups,
+)
 from training.corpus.cuts import INFILL_KINDS, CudaString, InfillCut, cuda_strings, infill_cuts
 from training.corpus.examples import TASKS, Example, read_examples
 from training.corpus.packing import (
@@ -32,9 +41,11 @@ __all__ = [
     "TASKS",
     "ChatSpecials",
     "CorpusConfig",
+    "CorpusWriter",
     "CudaString",
     "Example",
     "InfillCut",
+    "KernelBenchPart",
     "PackedRows",
     "Solution",
     "build_corpus",
@@ -43,6 +54,7 @@ __all__ = [
     "cuda_strings",
     "encode_example",
     "infill_cuts",
+    "kernelbench_part",
     "pack",
     "problem_key",
     "read_all",

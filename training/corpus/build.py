@@ -7,6 +7,7 @@ anything is trained, so no held-out problem's code reaches the tokenizer or the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
@@ -112,30 +113,78 @@ def _cu_infill_examples(
     return examples
 
 
-def build_corpus(cfg: CorpusConfig) -> dict:
-    """Write train.jsonl.gz, heldout.jsonl.gz, tokenizer_text.txt and corpus_stats.json in ``cfg.out_dir``."""
+@dataclass
+class KernelBenchPart:
+    """The KernelBench side of the corpus: its examples, its held-out problems and its tokenizer text (the
+    training-split references and programs)."""
+
+    examples: list[Example]
+    heldout_groups: set[str]
+    tokenizer_texts: list[str]
+    problems: int
+
+    def split_of(self, ex: Example) -> str:
+        return "heldout" if ex.group in self.heldout_groups else "train"
+
+
+def kernelbench_part(cfg: CorpusConfig) -> KernelBenchPart:
+    """Read the KernelBench sources of ``cfg.data_dir``, split them by problem and make their examples."""
     solutions = read_all(cfg.data_dir)
     held = split_groups((s.group for s in solutions), cfg.heldout_fraction, cfg.seed)
-    examples = build_examples(solutions, cfg)
-    cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    stats: dict = {"train": {}, "heldout": {}, "heldout_groups": sorted(held)}
-    # gzip: the examples repeat the prompt template and whole CUDA files, so they shrink ~40x.
-    with (
-        open_text(cfg.out_dir / "train.jsonl.gz", "wt") as tr,
-        open_text(cfg.out_dir / "heldout.jsonl.gz", "wt") as ho,
-    ):
-        for ex in examples:
-            split = "heldout" if ex.group in held else "train"
-            (ho if split == "heldout" else tr).write(ex.to_json() + "\n")
-            stats[split][ex.task] = stats[split].get(ex.task, 0) + 1
-    # Tokenizer text: training-split programs and references only (held-out problems never reach it).
-    with open(cfg.out_dir / "tokenizer_text.txt", "w", encoding="utf-8") as fh:
-        for sol in solutions:
-            if sol.group in held:
-                continue
-            fh.write(sol.ref_src + "\n")
-            if sol.program:
-                fh.write(sol.program + "\n")
-    stats["problems"] = {"total": len({s.group for s in solutions}), "heldout": len(held)}
+    texts: list[str] = []
+    for sol in solutions:
+        if sol.group in held:
+            continue  # held-out problems never reach the tokenizer
+        texts.append(sol.ref_src)
+        if sol.program:
+            texts.append(sol.program)
+    return KernelBenchPart(build_examples(solutions, cfg), held, texts, len({s.group for s in solutions}))
+
+
+class CorpusWriter:
+    """The files of a corpus build, open while examples stream in: ``train.jsonl.gz``, ``heldout.jsonl.gz``
+    (gzip: the examples repeat the prompt template and whole CUDA files, so they shrink ~40x) and
+    ``tokenizer_text.txt``; ``counts`` holds examples per split and task."""
+
+    def __init__(self, out_dir: Path) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.out_dir = out_dir
+        self.counts: dict[str, dict[str, int]] = {"train": {}, "heldout": {}}
+        self._stack = contextlib.ExitStack()
+        self._files = {
+            split: self._stack.enter_context(open_text(out_dir / f"{split}.jsonl.gz", "wt"))
+            for split in ("train", "heldout")
+        }
+        self._text = self._stack.enter_context(open_text(out_dir / "tokenizer_text.txt", "w"))
+
+    def example(self, ex: Example, split: str) -> None:
+        self._files[split].write(ex.to_json() + "\n")
+        self.counts[split][ex.task] = self.counts[split].get(ex.task, 0) + 1
+
+    def tokenizer_text(self, text: str) -> None:
+        """Text the tokenizer is trained on: training-split code only."""
+        self._text.write(text + "\n")
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> CorpusWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def build_corpus(cfg: CorpusConfig) -> dict:
+    """Write train.jsonl.gz, heldout.jsonl.gz, tokenizer_text.txt and corpus_stats.json in ``cfg.out_dir``
+    (KernelBench sources only; ``training.embedded`` adds the real-code corpus)."""
+    part = kernelbench_part(cfg)
+    with CorpusWriter(cfg.out_dir) as out:
+        for ex in part.examples:
+            out.example(ex, part.split_of(ex))
+        for text in part.tokenizer_texts:
+            out.tokenizer_text(text)
+    stats: dict = {**out.counts, "heldout_groups": sorted(part.heldout_groups)}
+    stats["problems"] = {"total": part.problems, "heldout": len(part.heldout_groups)}
     (cfg.out_dir / "corpus_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     return stats

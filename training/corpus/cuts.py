@@ -90,7 +90,7 @@ def _device_functions(root) -> Iterator:
                 yield node, body
 
 
-def _inner_span(src: bytes, body) -> tuple[int, int] | None:
+def inner_span(src: bytes, body) -> tuple[int, int] | None:
     """Byte span of a compound statement's content, without the braces and surrounding whitespace."""
     inner = src[body.start_byte + 1 : body.end_byte - 1]
     stripped = inner.strip()
@@ -110,30 +110,38 @@ def infill_cuts(text: str) -> list[InfillCut]:
     tree = parse_bytes(src)
     byte_cuts: list[tuple[str, int, int]] = []
     for fn, body in _device_functions(tree.root_node):
-        span = _inner_span(src, body)
+        span = inner_span(src, body)
         if span and "__global__" in {c.type for c in fn.children}:
             byte_cuts.append(("kernel_body", *span))
-        stack = [body]
-        while stack:
-            block = stack.pop()
-            stmts = [c for c in block.named_children if c.type in STATEMENT_TYPES and not c.has_error]
-            for s in stmts:
-                if b"\n" not in src[s.start_byte : s.end_byte] and s.end_byte - s.start_byte >= 6:
-                    byte_cuts.append(("statement", s.start_byte, s.end_byte))
-            for i in range(len(stmts) - 1):
-                j = min(len(stmts), i + 2 + (s_hash(stmts[i].start_byte) % 3))
-                byte_cuts.append(("statements", stmts[i].start_byte, stmts[j - 1].end_byte))
-            for s in block.named_children:
-                for sub in s.named_children:
-                    if sub.type == "compound_statement":
-                        stack.append(sub)
-                        if s.type in ("for_statement", "while_statement"):
-                            span = _inner_span(src, sub)
-                            if span:
-                                byte_cuts.append(("loop_body", *span))
+        byte_cuts += block_cuts(src, body)
     # bytes -> characters
     char_of = _byte_to_char_map(text)
     return [InfillCut(k, char_of[a], char_of[b]) for k, a, b in byte_cuts]
+
+
+def block_cuts(src: bytes, body) -> list[tuple[str, int, int]]:  # body: tree_sitter.Node
+    """The holes inside one compound statement (a function body) and the blocks nested in it, as
+    ``(kind, start byte, end byte)``: one-line statements, runs of 2-4 statements, loop bodies."""
+    byte_cuts: list[tuple[str, int, int]] = []
+    stack = [body]
+    while stack:
+        block = stack.pop()
+        stmts = [c for c in block.named_children if c.type in STATEMENT_TYPES and not c.has_error]
+        for s in stmts:
+            if b"\n" not in src[s.start_byte : s.end_byte] and s.end_byte - s.start_byte >= 6:
+                byte_cuts.append(("statement", s.start_byte, s.end_byte))
+        for i in range(len(stmts) - 1):
+            j = min(len(stmts), i + 2 + (s_hash(stmts[i].start_byte) % 3))
+            byte_cuts.append(("statements", stmts[i].start_byte, stmts[j - 1].end_byte))
+        for s in block.named_children:
+            for sub in s.named_children:
+                if sub.type == "compound_statement":
+                    stack.append(sub)
+                    if s.type in ("for_statement", "while_statement"):
+                        span = inner_span(src, sub)
+                        if span:
+                            byte_cuts.append(("loop_body", *span))
+    return byte_cuts
 
 
 def s_hash(value: int) -> int:

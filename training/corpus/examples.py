@@ -15,7 +15,7 @@ class Example:
     (and the template's response prefix); ``response`` is the text the model must produce."""
 
     id: str
-    group: str  # problem key "L{level}P{id}": the unit of the held-out split
+    group: str  # unit of the held-out split: problem key "L{level}P{id}", or "<repo>:<path>" of a real file
     task: str  # one of TASKS
     source: str  # data folder (and kind for generated examples)
     prompt: str

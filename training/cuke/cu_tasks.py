@@ -277,12 +277,20 @@ def expression_cuts(text: str, *, tree=None) -> list[InfillCut]:  # tree: tree_s
 
     src = text.encode("utf-8")
     tree = tree if tree is not None else parse_bytes(src)
-    spans: list[tuple[int, int]] = []
-    stack = [
+    bodies = [
         n.child_by_field_name("body")
         for n in tree.root_node.children
         if n.type == "function_definition" and n.child_by_field_name("body") is not None
     ]
+    char_of = _char_offsets(text, src)
+    return [InfillCut("expression", char_of(a), char_of(b)) for a, b in expression_spans(src, bodies)]
+
+
+def expression_spans(src: bytes, bodies: Iterable) -> list[tuple[int, int]]:  # bodies: tree_sitter.Node
+    """Byte spans of the expression holes inside ``bodies`` (function bodies of ``src``, any function: the
+    rule of :func:`expression_cuts`), sorted and distinct."""
+    spans: list[tuple[int, int]] = []
+    stack = list(bodies)
     while stack:
         node = stack.pop()
         stack.extend(node.named_children)
@@ -293,8 +301,7 @@ def expression_cuts(text: str, *, tree=None) -> list[InfillCut]:  # tree: tree_s
         if b"\n" in piece or b"/*" in piece or b"//" in piece or len(piece) > MAX_EXPRESSION_CHARS:
             continue
         spans.append((target.start_byte, target.end_byte))
-    char_of = _char_offsets(text, src)
-    return [InfillCut("expression", char_of(a), char_of(b)) for a, b in sorted(set(spans))]
+    return sorted(set(spans))
 
 
 def _expression_target(node):  # tree_sitter.Node -> tree_sitter.Node | None
@@ -333,6 +340,7 @@ __all__ = [
     "CuTaskStats",
     "cu_infill_tasks",
     "expression_cuts",
+    "expression_spans",
     "hole_cuts",
     "nvrtc_compiles",
 ]
