@@ -123,6 +123,19 @@ class RLConfig:
         default=True,
         metadata={"help": "score a chunk of rollouts while the next chunk is generated"},
     )
+    hole_cut: str = field(
+        default="auto",
+        metadata={
+            "help": ".cu tasks: byte | line | auto (the model's dice.json, as the assistant prompts it)"
+        },
+    )
+    cu_window_bytes: int = field(
+        default=0,
+        metadata={
+            "help": ".cu tasks: cap 2*prefix+suffix of the prompt at this many bytes, trimmed as the "
+            "assistant trims (0 = the whole file)"
+        },
+    )
     eval_tasks: str | None = field(
         default=None,
         metadata={"help": "held-out task file (tasks no update sees; never KernelBench's problems file)"},
@@ -211,6 +224,7 @@ class RLConfig:
             "rollout_dtype": ("auto", "float32", "bfloat16", "float16"),
             "loss_norm": ("response", "fixed"),
             "compile": ("auto", "yes", "no"),
+            "hole_cut": ("auto", "byte", "line"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -227,7 +241,15 @@ class RLConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{_flag(name)} must be positive, got {getattr(self, name)}")
-        for name in ("steps", "eval_every", "eval_max", "save_every", "block_size", "validator_workers"):
+        for name in (
+            "steps",
+            "eval_every",
+            "eval_max",
+            "save_every",
+            "block_size",
+            "validator_workers",
+            "cu_window_bytes",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{_flag(name)} must be >= 0, got {getattr(self, name)}")
         if self.shrink < 1:

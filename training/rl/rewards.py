@@ -44,7 +44,7 @@ from typing import Any, Protocol
 
 from training.cuke.validate import guard_name
 from training.rl.rollout import Rollout
-from training.rl.tasks import Task, program_from, split_mask
+from training.rl.tasks import Task, file_split, program_from
 
 KERNELBENCH_KINDS = ("infill", "e2e")
 DEFAULT_DEADLINE_S = 900.0
@@ -275,9 +275,7 @@ class ValidatorReward:
                     verdict = (
                         error_verdict("runtime_error", f"validator internal error: {exc}")
                         if future.cancelled() or exc is not None
-                        else mark_unchecked(
-                            future.result(), split_mask(job.task.record["text"])[0].count("\n")
-                        )
+                        else mark_unchecked(future.result(), file_split(job.task)[0].count("\n"))
                     )
                     results[(job.task.id, job.program)] = verdict
                 elif deadline is not None and now >= deadline:
@@ -326,6 +324,6 @@ def _spec_origins(tasks: Any) -> dict[str, Any]:
 
 
 def _fill_of(task: Task, program: str) -> str:
-    """The middle of a ``.cu`` program (the filled file less the text around the mask)."""
-    prefix, suffix = split_mask(task.record["text"])
+    """The middle of a ``.cu`` program (the filled file less the text around the hole)."""
+    prefix, suffix = file_split(task)
     return program[len(prefix) : len(program) - len(suffix)]

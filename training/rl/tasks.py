@@ -66,15 +66,48 @@ class TaskFileError(ValueError):
 
 
 @dataclass(frozen=True)
+class CuPrompting:
+    """How a ``.cu`` task's file becomes an infilling prompt, as the assistant prompts the same model:
+    ``hole_cut`` is the model's (``engine.model_settings.read_hole_cut``: "line" prompts a mask alone on its
+    line as whole lines), ``window_bytes`` caps ``2 * len(prefix) + len(suffix)`` in UTF-8 bytes, the text
+    around the hole trimmed as the assistant trims it (``dice.cuda_source.trim_context``: the enclosing
+    function kept whole when it fits); None: the whole file (a large file then needs a large context)."""
+
+    hole_cut: str = "byte"
+    window_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.hole_cut not in ("byte", "line"):
+            raise ValueError(f"hole cut must be 'byte' or 'line', got {self.hole_cut!r}")
+        if self.window_bytes is not None and self.window_bytes <= 0:
+            raise ValueError(f"the window must be a positive number of bytes, got {self.window_bytes}")
+
+
+@dataclass(frozen=True)
+class CuCut:
+    """A ``.cu`` task's file around its hole: ``file_prefix + middle + file_suffix`` is the filled file;
+    ``prompt_prefix`` / ``prompt_suffix`` (their tail / head) are what the prompt shows. ``line_aligned``:
+    the hole is whole lines (the middle holds its indentation and its final line break)."""
+
+    file_prefix: str
+    file_suffix: str
+    prompt_prefix: str
+    prompt_suffix: str
+    line_aligned: bool
+
+
+@dataclass(frozen=True)
 class Task:
     """One RL task. ``prompt`` is the exact text the engine continues (ChatML applied, any pre-filled
-    response prefix included); ``record`` is the file's record as read."""
+    response prefix included); ``record`` is the file's record as read; ``cut`` (``cu_infill`` only) the
+    file around the hole and the part of it the prompt shows."""
 
     id: str
     kind: TaskKind
     level: int
     prompt: str
     record: dict[str, Any] = field(repr=False, compare=False)
+    cut: CuCut | None = field(default=None, repr=False, compare=False)
 
 
 def kind_of(record: dict[str, Any]) -> TaskKind:
@@ -97,15 +130,16 @@ def kind_of(record: dict[str, Any]) -> TaskKind:
 def infill_plan(task: Task) -> InfillPlan | None:
     """The engine's infilling request of an ``infill`` / ``cu_infill`` task (None for the others): its
     ``prompt_text`` is ``task.prompt``, and it says where the middle of an answer ends."""
-    return _plan(task.kind, task.record)
+    return _plan(task.kind, task.record, task.cut)
 
 
-def _plan(kind: str, rec: dict[str, Any]) -> InfillPlan | None:
+def _plan(kind: str, rec: dict[str, Any], cut: CuCut | None) -> InfillPlan | None:
     if kind == "infill":
         return InfillPlan.make(rec["prefix"], rec["suffix"], context=rec["pytorch_code"])
     if kind == "cu_infill":
-        prefix, suffix = split_mask(rec["text"])
-        return InfillPlan.make(prefix, suffix, context=None, shape=CU_SHAPES.get(str(rec.get("kind"))))
+        assert cut is not None
+        shape = CU_SHAPES.get(str(rec.get("kind")))
+        return InfillPlan.make(cut.prompt_prefix, cut.prompt_suffix, context=None, shape=shape)
     return None
 
 
@@ -113,6 +147,34 @@ def split_mask(text: str) -> tuple[str, str]:
     """The text before and after a ``.cu`` task's one mask comment."""
     at = text.index(MASK)
     return text[:at], text[at + len(MASK) :]
+
+
+def cu_cut(text: str, prompting: CuPrompting = CuPrompting()) -> CuCut:
+    """The file of a ``.cu`` task (``text`` holding one mask) cut around its hole as ``prompting`` says:
+    the assistant's cut of the same mask (``dice.assistant.prompting.build_infill_request``)."""
+    from dice.cuda_source import line_aligned_span, parse_document, trim_context
+    from dice.cuda_source.positions import decode_bytes
+
+    doc = parse_document(text)
+    mask = doc.masks[0]
+    data = doc.data
+    span = line_aligned_span(data, mask.start_byte, mask.end_byte) if prompting.hole_cut == "line" else None
+    lo, hi = span if span is not None else (mask.start_byte, mask.end_byte)
+    before, after = data[:lo], data[hi:]
+    file_prefix, file_suffix = decode_bytes(before), decode_bytes(after)
+    if prompting.window_bytes is not None:
+        # before[keep_before:] and after[:keep_after]: the enclosing function, kept whole when it fits
+        fstart = mask.function_start_byte if mask.function_start_byte is not None else lo
+        fend = mask.function_end_byte if mask.function_end_byte is not None else hi
+        keep_before, keep_after = min(fstart, lo), max(fend, hi) - hi
+        before, after = trim_context(before, after, prompting.window_bytes, keep_before, keep_after, 2)
+    return CuCut(file_prefix, file_suffix, decode_bytes(before), decode_bytes(after), span is not None)
+
+
+def file_split(task: Task) -> tuple[str, str]:
+    """The text of a ``.cu`` task's file before and after its hole (the hole's whole lines for a line cut)."""
+    assert task.cut is not None
+    return task.cut.file_prefix, task.cut.file_suffix
 
 
 def program_from(task: Task, response_text: str) -> str:
@@ -125,27 +187,34 @@ def program_from(task: Task, response_text: str) -> str:
     plan = infill_plan(task)
     if plan is not None:
         middle, _ended = plan.finish(response_text, True)
+        if task.cut is not None:
+            if task.cut.line_aligned and middle.strip() and not middle.endswith("\n"):
+                middle += "\n"  # whole lines in, whole lines out: the next line stays its own
+            return task.cut.file_prefix + middle + task.cut.file_suffix
         return plan.prefix + middle + plan.suffix
     if task.kind == "e2e":
         return extract_program(response_text)
     return response_text
 
 
-def make_task(record: dict[str, Any], kind: TaskKind | None = None) -> Task:
-    """A task from one record (its kind from its fields unless given). ValueError naming the field for a
-    record that does not fit the kind's schema."""
+def make_task(
+    record: dict[str, Any], kind: TaskKind | None = None, *, cu: CuPrompting = CuPrompting()
+) -> Task:
+    """A task from one record (its kind from its fields unless given; ``cu``: how a ``.cu`` file becomes its
+    prompt). ValueError naming the field for a record that does not fit the kind's schema."""
     kind = kind or kind_of(record)
     _check_fields(record, kind)
     task_id = str(record["id"])
     if kind == "infill":
         if record["prefix"] + record["middle"] + record["suffix"] != record["cuda_code"]:
             raise ValueError("prefix + middle + suffix differs from cuda_code")
-        return Task(task_id, kind, _level(record), _prompt_of(kind, record), record)
+        return Task(task_id, kind, _level(record), _prompt_of(kind, record, None), record)
     if kind == "cu_infill":
         count = record["text"].count(MASK)
         if count != 1:
             raise ValueError(f"text must hold exactly one {MASK} (it holds {count})")
-        return Task(task_id, kind, CU_LEVEL, _prompt_of(kind, record), record)
+        cut = cu_cut(record["text"], cu)
+        return Task(task_id, kind, CU_LEVEL, _prompt_of(kind, record, cut), record, cut)
     if kind == "e2e":
         return Task(
             task_id, kind, _level(record), kernelbench_prompt(record["pytorch_code"], variant="rl"), record
@@ -153,8 +222,8 @@ def make_task(record: dict[str, Any], kind: TaskKind | None = None) -> Task:
     return Task(task_id, kind, _level(record), record["prompt"], record)
 
 
-def _prompt_of(kind: str, record: dict[str, Any]) -> str:
-    plan = _plan(kind, record)
+def _prompt_of(kind: str, record: dict[str, Any], cut: CuCut | None) -> str:
+    plan = _plan(kind, record, cut)
     assert plan is not None
     return plan.prompt_text
 
@@ -186,7 +255,7 @@ def _level(record: dict[str, Any]) -> int:
     return level
 
 
-def read_task_file(path: str | Path) -> list[Task]:
+def read_task_file(path: str | Path, *, cu: CuPrompting = CuPrompting()) -> list[Task]:
     """Every task of one JSON Lines file, in file order; blank lines are skipped. Every record must be of the
     kind of the file's first record. :class:`TaskFileError` names the file, the line and the reason."""
     path = Path(path)
@@ -213,14 +282,16 @@ def read_task_file(path: str | Path) -> list[Task]:
                         "(one kind per file)"
                     )
                 kind = this
-                tasks.append(make_task(record, this))
+                tasks.append(make_task(record, this, cu=cu))
             except ValueError as exc:
                 ident = f" (id {record['id']!r})" if "id" in record else ""
                 raise TaskFileError(f"{where}{ident}: {exc}") from None
     return tasks
 
 
-def load_tasks(paths: str | Path | Sequence[str | Path], phase: str) -> list[Task]:
+def load_tasks(
+    paths: str | Path | Sequence[str | Path], phase: str, *, cu: CuPrompting = CuPrompting()
+) -> list[Task]:
     """The tasks of ``paths`` (CuKe's ``infill.jsonl``, ``cu_infill.jsonl``, ``e2e.jsonl``) in the order
     given and, within a file, in file order: that order is the data schedule. ``phase`` ``"infill"`` takes
     infill and .cu infill files, ``"e2e"`` end-to-end files (toy files fit both). :class:`TaskFileError`
@@ -232,7 +303,7 @@ def load_tasks(paths: str | Path | Sequence[str | Path], phase: str) -> list[Tas
     tasks: list[Task] = []
     seen: dict[str, str] = {}
     for path in paths:
-        file_tasks = read_task_file(path)
+        file_tasks = read_task_file(path, cu=cu)
         if not file_tasks:
             raise TaskFileError(f"{path}: no tasks in the file")
         kind = file_tasks[0].kind

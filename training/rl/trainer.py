@@ -218,10 +218,14 @@ class RLTrainer:
         self.policy = PolicyLogps(model).train()
 
     def _setup_tasks(self) -> None:
-        from training.rl.tasks import load_tasks
+        from engine.model_settings import read_hole_cut
+        from training.rl.tasks import CuPrompting, load_tasks
 
         cfg = self.cfg
-        self.tasks = self._fitting(load_tasks(cfg.tasks, cfg.phase), "--tasks")
+        # .cu prompts as the assistant cuts them for this model (its dice.json), so rollouts see what users do
+        hole_cut = read_hole_cut(cfg.model) if cfg.hole_cut == "auto" else cfg.hole_cut
+        cu = CuPrompting(hole_cut, cfg.cu_window_bytes or None)
+        self.tasks = self._fitting(load_tasks(cfg.tasks, cfg.phase, cu=cu), "--tasks")
         if cfg.reward == "validator" and any(t.kind == "toy" for t in self.tasks):
             raise RLSetupError("toy tasks have no program to validate: use --reward toy:<text> with them")
         self.schedule = Schedule(
@@ -239,7 +243,7 @@ class RLTrainer:
                     f"--eval-tasks {cfg.eval_tasks}: a KernelBench problems file; model selection never "
                     "runs on KernelBench itself (give held-out tasks, e.g. CuKe's cu_infill_heldout.jsonl)"
                 )
-            eval_tasks = self._fitting(load_tasks([cfg.eval_tasks], cfg.phase), "--eval-tasks")
+            eval_tasks = self._fitting(load_tasks([cfg.eval_tasks], cfg.phase, cu=cu), "--eval-tasks")
             train_ids, train_prompts = {t.id for t in self.tasks}, {t.prompt for t in self.tasks}
             seen = [t.id for t in eval_tasks if t.id in train_ids or t.prompt in train_prompts]
             if seen:

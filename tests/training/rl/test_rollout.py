@@ -22,7 +22,16 @@ from training.rl.rollout import (
     rollout,
     rollout_stats,
 )
-from training.rl.tasks import MASK, Task, TaskFileError, load_tasks, make_task, program_from
+from training.rl.tasks import (
+    MASK,
+    CuPrompting,
+    Task,
+    TaskFileError,
+    file_split,
+    load_tasks,
+    make_task,
+    program_from,
+)
 
 REF = """import torch
 import torch.nn as nn
@@ -202,6 +211,41 @@ def test_program_from_round_trip():
     assert program_from(cu, CU_TARGET + " x[0] = 0;") == CU_TEXT.replace(MASK, CU_TARGET)  # statement shape
     answer = "Here:\n```python\nclass ModelNew:\n    pass\n```\n"
     assert program_from(make_task(e2e_record(pair(1), level=1)), answer) == extract_program(answer)
+
+
+def test_cu_tasks_are_prompted_as_the_assistant_prompts_the_model(tmp_path):
+    """A line-cut model (dice.json "line") sees the hole's whole line and a window of the file, as the
+    assistant's fill of the same mask would; the program is still the whole file."""
+    from dice.assistant.prompting import Hole, build_infill_request
+    from dice.cuda_source import parse_document
+
+    filler = "".join(f"__device__ float pad{i}(float v) {{ return v * {i}.0f + 1.0f; }}\n" for i in range(60))
+    text = filler + CU_TEXT + filler
+    rec = {**cu_rec(1), "text": text}
+    line = make_task(rec, cu=CuPrompting("line", 1500))
+    doc = parse_document(text)
+    mask = doc.masks[0]
+    hole = Hole(0, mask.start_byte, mask.end_byte, None, mask.function_start_byte, mask.function_end_byte)
+    req = build_infill_request(doc, hole, default_max_new_tokens=64, budget_chars=1500, hole_cut="line")
+    prompt, response_prefix = infill_prompt(req.prefix, req.suffix, None)
+    assert line.prompt == prompt + response_prefix  # byte for byte the assistant's prompt
+    assert req.prefix.endswith("if (i < n) {\n") and req.suffix.startswith("    }\n}\n")
+    assert 2 * len(req.prefix.encode()) + len(req.suffix.encode()) <= 1500 and len(text) > 3 * 1500
+    # the answer holds the whole line (indentation, line break); the program is the whole file
+    filled = text.replace(MASK, CU_TARGET)
+    assert program_from(line, "        " + CU_TARGET + "\n    }\n") == filled
+    assert program_from(line, "        " + CU_TARGET) == filled  # the line break is kept
+    prefix, suffix = file_split(line)
+    assert text.startswith(prefix) and text.endswith(suffix) and prefix.endswith("{\n")
+    # the default (byte cut, whole file) is unchanged
+    assert make_task(rec).prompt == "".join(infill_prompt(*text.split(MASK), None))
+    # the trainer takes the cut from the model folder's dice.json unless told
+    (tmp_path / "dice.json").write_text('{"infill_holes": "line"}')
+    path = write_jsonl(tmp_path / "cu_infill.jsonl", [rec])
+    loaded = load_tasks([path], "infill", cu=CuPrompting("line", 1500))
+    assert loaded[0].prompt == line.prompt
+    with pytest.raises(ValueError, match="hole cut"):
+        CuPrompting("word")
 
 
 @pytest.mark.parametrize(
