@@ -1,39 +1,124 @@
 #!/usr/bin/env bash
-# Rebuild the embedded model dice-tiny exactly as shipped in engine/models/dice-tiny.
-#   scripts/build_dice_tiny.sh corpus   # CPU: corpus + held-out split + BPE tokenizer + packed rows (~5 min)
-#   scripts/build_dice_tiny.sh train    # GPU (one H200, ~7 min): block-diffusion SFT from random init
-#   scripts/build_dice_tiny.sh ship     # copy the trained model into engine/models/dice-tiny
-# DATA: the shared data folder (KernelBench, KernelBench PR-67, CUDA-L1; see each SOURCE.md).
+# Rebuild the embedded model dice-tiny end to end: CuKe-style data -> block-diffusion SFT -> BiC-RL (infill).
+#
+#   scripts/build_dice_tiny.sh corpus    # CPU (~2 min): real CUDA code (cuda-corpus, split by project and file,
+#                                        #   deduplicated against the held-out side and realproj) + KernelBench
+#                                        #   pairs (split by problem); BPE tokenizer; packed rows
+#   scripts/build_dice_tiny.sh rltasks   # CPU (~5 min): .cu infill tasks (holes NVRTC can check) of the
+#                                        #   training files (RL) and of the held-out files (RL's evaluation)
+#   scripts/build_dice_tiny.sh train     # GPU: block-diffusion SFT from random init
+#   scripts/build_dice_tiny.sh rl        # GPU: BiC-RL phase infill from the SFT model, compile reward
+#   scripts/build_dice_tiny.sh eval      # CPU: held-out holes of never-seen projects, validated as the product
+#                                        #   validates (benchmarks/tiny_heldout.py), SFT and RL models; latency
+#   scripts/build_dice_tiny.sh ship      # copy the chosen model (SHIP=rl|sft) into engine/models/dice-tiny
+#   scripts/build_dice_tiny.sh smoke     # CPU: every stage above on a slice, a few steps (checks the script;
+#                                        #   SMOKE=1 with one stage name runs that stage of it)
+#
+# DATA: the shared data folder (cuda-corpus, realproj, KernelBench, KernelBench PR-67, CUDA-L1; each SOURCE.md).
+# MODEL: the config template (default training/configs/dice_tiny_realcode.json). The GPU stages read WORK and write RUN;
+# on the device machine carry WORK's packed rows, tokenizer, init_config.json and rl/ (a few tens of MB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 DATA=${DATA:-../shared/data}
 WORK=${WORK:-runs/dice-tiny-data}
 RUN=${RUN:-runs/dice-tiny}
+MODEL=${MODEL:-training/configs/dice_tiny_realcode.json}
+SHIP=${SHIP:-rl}
 stage=${1:-all}
 
-if [[ $stage == corpus || $stage == all ]]; then
+# SFT and RL budgets (GPU minutes); the smoke stage shrinks everything.
+SFT_STEPS=${SFT_STEPS:-12000}
+SFT_MINUTES=${SFT_MINUTES:-9}
+RL_STEPS=${RL_STEPS:-16}
+RL_TASKS=${RL_TASKS_PER_STEP:-64}
+SEQ_LEN=${SEQ_LEN:-3072}
+EVAL_HOLES=${EVAL_HOLES:-60}
+CORPUS_EXTRA=()
+RLTASKS_LIMIT=()
+SFT_EXTRA=(--mixed-precision auto)
+RL_EXTRA=()
+if [[ $stage == smoke || ${SMOKE:-0} == 1 ]]; then
+    WORK=${SMOKE_WORK:-runs/dice-tiny-smoke-data}
+    RUN=${SMOKE_RUN:-runs/dice-tiny-smoke}
+    SFT_STEPS=4 SFT_MINUTES=0 RL_STEPS=1 RL_TASKS=2 SEQ_LEN=2048 EVAL_HOLES=2
+    CORPUS_EXTRA=(--holes-per-kb 0.05 --max-holes-per-file 2 --cu-variants 1)
+    RLTASKS_LIMIT=(--limit 400)
+    SFT_EXTRA=(--micro-batch-size 2 --attention dense --compile no --eval-rows 2 --final-eval-rows 2)
+    RL_EXTRA=(--group-size 2 --max-new-tokens 16 --rollout-rows 4 --micro-batch-size 2 --device cpu
+        --validator-workers 2)
+fi
+
+corpus() {
     "$PY" -m dice train corpus --data-dir "$DATA" --out "$WORK" --seed 0 --heldout-fraction 0.08 \
-        --cu-variants 16 --tokenizer-vocab 4096 --model-template training/configs/dice_tiny.json
+        --cu-variants 16 --tokenizer-vocab 8192 --model-template "$MODEL" "${CORPUS_EXTRA[@]}"
     for split in train heldout; do
         "$PY" -m dice train pack --examples "$WORK/$split.jsonl.gz" --tokenizer "$WORK/tokenizer" \
-            --seq-len 4096 --block-size 4 --out "$WORK/${split}_rows.npz"
+            --seq-len "$SEQ_LEN" --block-size 4 --out "$WORK/${split}_rows.npz"
     done
-fi
+}
 
-if [[ $stage == train || $stage == all ]]; then
+rltasks() {
+    # CuKe's .cu tasks, cut only from each side's files of the corpus split (train_files / heldout_files);
+    # compile-only here (--no-gpu): the reward of a .cu task without a dice-spec is the compile check.
+    # CuKe also holds some of its input out (cu_infill_heldout.jsonl); on the train side that part is
+    # simply unused, on the held-out side cu_infill.jsonl is the evaluation set.
+    for side in train heldout; do
+        "$PY" -m dice cuke build --source "$WORK/${side}_files.jsonl.gz" --out "$WORK/rl/$side" --no-gpu \
+            --cu-holes-per-file 8 "${RLTASKS_LIMIT[@]}"
+    done
+}
+
+train() {
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     "$PY" -m dice train sft --data "$WORK/train_rows.npz" --eval-data "$WORK/heldout_rows.npz" \
-        --init-config "$WORK/init_config.json" --tokenizer "$WORK/tokenizer" --out "$RUN" \
-        --seed 0 --micro-batch-size 16 --lr 2e-3 --min-lr-ratio 0.1 --warmup-ratio 0.03 --weight-decay 0.1 \
-        --max-steps 8000 --max-minutes 7 --log-every 20 --eval-every 2000 --eval-rows 128 \
-        --final-eval-rows 1052 --save-dtype bfloat16
-fi
+        --init-config "$WORK/init_config.json" --tokenizer "$WORK/tokenizer" --out "$RUN/sft" \
+        --seq-len "$SEQ_LEN" --seed 0 --micro-batch-size 16 --lr 2e-3 --min-lr-ratio 0.1 --warmup-ratio 0.03 \
+        --weight-decay 0.1 --max-steps "$SFT_STEPS" --max-minutes "$SFT_MINUTES" --log-every 20 \
+        --eval-every 2000 --eval-rows 128 --final-eval-rows 512 --save-dtype bfloat16 "${SFT_EXTRA[@]}"
+}
 
-if [[ $stage == ship || $stage == all ]]; then
+rl() {
+    # Phase infill on the .cu tasks: reward 1 when the filled file compiles (NVRTC, device code), group
+    # z-scores, TraceRL. The prompts are cut as the assistant cuts them for this model (its dice.json: whole
+    # lines) inside a 5 KB window (the SFT examples were drawn from 1.5-6 KB; 6 KB prompts of symbol-dense files
+    # overflow the 3,072-position context).
+    # The held-out files' tasks (never trained on, by SFT or RL) are RL's model-selection set.
+    local eval=()
+    [[ -s $WORK/rl/heldout/cu_infill.jsonl ]] && eval=(--eval-tasks "$WORK/rl/heldout/cu_infill.jsonl")
+    "$PY" -m dice train rl --phase infill --model "$RUN/sft/final" --out "$RUN/rl" \
+        --tasks "$WORK/rl/train/cu_infill.jsonl" "${eval[@]}" \
+        --steps "$RL_STEPS" --tasks-per-step "$RL_TASKS" --cu-window-bytes 5000 --max-new-tokens 64 \
+        --lr 2e-5 --kl-mode ref --eval-every 8 --eval-max 128 --save-every 4 --seed 0 "${RL_EXTRA[@]}"
+}
+
+evaluate() {
+    for name in sft rl; do
+        [[ -d $RUN/$name/final ]] || continue
+        "$PY" benchmarks/tiny_heldout.py --model "$RUN/$name/final" --holes "$EVAL_HOLES" \
+            --results "$RUN/eval-$name"
+    done
+}
+
+ship() {
     dest=engine/models/dice-tiny
-    mkdir -p "$dest"
-    cp "$RUN/final/"{config.json,model.safetensors,sft_config.json} "$dest/"
-    cp "$WORK/tokenizer/"{tokenizer.json,tokenizer_config.json} "$dest/"
-    cp "$RUN/"{loss_curve.csv,eval_curve.csv,loss_curve.png,summary.json} "$dest/"
-fi
+    src=$RUN/$SHIP/final
+    rm -rf "$dest.new" && mkdir -p "$dest.new"
+    cp "$src/"{config.json,model.safetensors,tokenizer.json,tokenizer_config.json,dice.json} "$dest.new/"
+    cp "$RUN/sft/"{loss_curve.csv,eval_curve.csv,loss_curve.png,summary.json} "$dest.new/"
+    [[ -f $dest/MODEL_CARD.md ]] && cp "$dest/MODEL_CARD.md" "$dest.new/"
+    rm -rf "$dest" && mv "$dest.new" "$dest"
+}
+
+case $stage in
+    corpus) corpus ;;
+    rltasks) rltasks ;;
+    train) train ;;
+    rl) rl ;;
+    eval) evaluate ;;
+    ship) ship ;;
+    gpu) train && rl ;;
+    smoke) corpus && rltasks && train && rl && evaluate ;;
+    all) corpus && rltasks && train && rl && evaluate && ship ;;
+    *) echo "unknown stage $stage (corpus|rltasks|train|rl|eval|ship|gpu|smoke|all)" >&2 && exit 2 ;;
+esac

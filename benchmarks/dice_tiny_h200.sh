@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 21's GPU stages on one H200, in two device calls of < 10 min each (everything under $OUT).
+# First, here (CPU): bash scripts/build_dice_tiny.sh corpus && bash scripts/build_dice_tiny.sh rltasks
+#                    bash scripts/device_wheels.sh                      # .whl/: packages the image lacks
+#                    bash scripts/build_dice_tiny.sh smoke              # the same stages on a slice, CPU
+# Then each call, with carry [".whl", "runs/dice-tiny-data/train_rows.npz", "runs/dice-tiny-data/heldout_rows.npz",
+#   "runs/dice-tiny-data/tokenizer", "runs/dice-tiny-data/init_config.json", "runs/dice-tiny-data/rl"]
+#   (the second call also carries the first's sft/final, copied back to runs/dice-tiny/sft/final):
+#   bash benchmarks/dice_tiny_h200.sh sft   # block-diffusion SFT, 8 min of training, export -> $OUT/sft
+#   bash benchmarks/dice_tiny_h200.sh rl    # BiC-RL phase infill (compile reward, 16 CPU cores) -> $OUT/rl
+# The held-out evaluation (benchmarks/tiny_heldout.py, nvcc per candidate) runs back here on the CPU:
+#   bash scripts/build_dice_tiny.sh eval
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+# Dry run on a CPU: SMOKE=1 NO_WHEELS=1 OUT=/tmp/dt bash benchmarks/dice_tiny_h200.sh sft (then rl, with
+# runs/dice-tiny/sft/final copied from /tmp/dt/sft/final): the smoke stages of build_dice_tiny.sh, same paths.
+export SMOKE_RUN=$OUT
+if [[ ${NO_WHEELS:-0} != 1 ]] && ls .whl/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
+case "${1:-sft}" in
+sft)
+    RUN=$OUT SFT_MINUTES=${SFT_MINUTES:-8} timeout 570 bash scripts/build_dice_tiny.sh train 2>&1 \
+        | tee "$OUT/sft.log" | grep -v "━" | tail -40
+    rm -rf "$OUT/sft/checkpoints"  # the resumable state: not needed back here
+    ;;
+rl)
+    mkdir -p runs/dice-tiny && [[ -d runs/dice-tiny/sft/final ]] || { echo "carry runs/dice-tiny/sft/final" && exit 2; }
+    mkdir -p "$OUT/sft" && cp -r runs/dice-tiny/sft/final "$OUT/sft/final"
+    RUN=$OUT timeout 570 bash scripts/build_dice_tiny.sh rl 2>&1 | tee "$OUT/rl.log" | tail -60
+    # a run cut by the time limit leaves its last checkpoint (--save-every 4; `dice train rl --resume` in a
+    # next call goes on from it); a finished one needs only final/ back here
+    [[ -d $OUT/rl/final ]] && rm -rf "$OUT/rl/checkpoints"
+    rm -rf "$OUT/sft"
+    ;;
+esac
