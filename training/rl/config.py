@@ -123,6 +123,13 @@ class RLConfig:
         default=True,
         metadata={"help": "score a chunk of rollouts while the next chunk is generated"},
     )
+    cu_reward: str = field(
+        default="match",
+        metadata={
+            "help": ".cu tasks: match (a compiled fill earns 0.2 + 0.8 x its token similarity to the "
+            "original: a no-op that compiles cannot take the reward) | compile (1 for any compiled fill)"
+        },
+    )
     hole_cut: str = field(
         default="auto",
         metadata={
@@ -225,6 +232,7 @@ class RLConfig:
             "loss_norm": ("response", "fixed"),
             "compile": ("auto", "yes", "no"),
             "hole_cut": ("auto", "byte", "line"),
+            "cu_reward": ("match", "compile"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

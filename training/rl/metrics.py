@@ -22,6 +22,7 @@ COLUMNS = (
     "reward_std",
     "pass_rate",
     "compile_rate",
+    "exact_rate",
     "kept_groups",
     "dropped_groups",
     "skipped",
@@ -40,11 +41,20 @@ COLUMNS = (
     "step_s",
     "eval_compile_rate",
     "eval_correct_rate",
+    "eval_exact_rate",
     "eval_reward_mean",
 )
 # Columns that measure time: everything else is a function of the config and the seed (the resume test).
 TIMING_COLUMNS = frozenset({"rollout_s", "reward_s", "update_s", "step_s", "eval_s"})
-EVAL_COLUMNS = ("step", "tasks", "eval_compile_rate", "eval_correct_rate", "eval_reward_mean", "eval_s")
+EVAL_COLUMNS = (
+    "step",
+    "tasks",
+    "eval_compile_rate",
+    "eval_correct_rate",
+    "eval_exact_rate",
+    "eval_reward_mean",
+    "eval_s",
+)
 
 
 # A verdict of these statuses compiled (the compile rates); the samples that pass make the pass rate.
@@ -67,6 +77,7 @@ def step_sums(scores: list, stats: Any, groups: Any, update: dict) -> list[float
         sum(sc.reward**2 for sc in flat),
         sum(sc.passed for sc in flat),
         sum(compiled(sc) for sc in flat),
+        sum(getattr(sc, "exact", False) for sc in flat),
         groups.kept,
         groups.dropped,
         stats.tokens,
@@ -81,7 +92,7 @@ def step_sums(scores: list, stats: Any, groups: Any, update: dict) -> list[float
 
 def step_row(head: dict, totals: list[float], update: dict, mini_batches: int, tail: dict) -> dict:
     """A ``metrics.csv`` row from the all-reduced :func:`step_sums` (``head`` first, ``tail`` last)."""
-    n, rsum, rsq, npass, ncomp, kept, dropped, tok, steps, fin, loss, kl, clip, trained = totals
+    n, rsum, rsq, npass, ncomp, nexact, kept, dropped, tok, steps, fin, loss, kl, clip, trained = totals
     mean, skipped, per = rsum / max(n, 1), bool(update["skipped"]), max(n, 1)
     return {
         **head,
@@ -90,6 +101,7 @@ def step_row(head: dict, totals: list[float], update: dict, mini_batches: int, t
         "reward_std": round(math.sqrt(max(0.0, rsq / per - mean**2)), 6),
         "pass_rate": round(npass / per, 6),
         "compile_rate": round(ncomp / per, 6),
+        "exact_rate": round(nexact / per, 6),
         "kept_groups": int(kept),
         "dropped_groups": int(dropped),
         "skipped": int(skipped),
@@ -169,7 +181,8 @@ def write_curves(out: Path, history: list[dict], eval_history: list[dict], *, pn
         vals = [float(r.get(key) or 0.0) for r in history]
         ax.bar(steps, vals, bottom=bottom, label=key, width=0.8)
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-    for key, style in (("eval_compile_rate", "o--"), ("eval_correct_rate", "*--")):
+    evals = (("eval_compile_rate", "o--"), ("eval_correct_rate", "*--"), ("eval_exact_rate", "x--"))
+    for key, style in evals:
         xs, ys = _series(eval_history, key)
         if xs:
             axes[0, 0].plot(xs, ys, style, label=f"held-out {key[5:]}", ms=6)

@@ -21,6 +21,13 @@ and asks the validator:
   when the spec run is also ``correct``. A CPU pool gives compile-only verdicts: a reward the CPU computes.
   A blank fill (whitespace and comments) earns 0 without a compile (it compiles by construction), and so
   does a fill in code no compiler type-checked (``mark_unchecked``).
+  A compile check alone is a reward a candidate can fool: ``;``, ``return;`` or an unused declaration
+  compile in almost any statement hole. So with ``cu_reward="match"`` (the default) a fill that is only
+  compiled (no dice-spec run) earns ``MATCH_FLOOR + (1 - MATCH_FLOOR) * similarity(fill, target)``: the
+  similarity of its C tokens (comments and layout ignored) to the hole's original text, 1 for the original
+  itself. Compiling still separates 0 from the floor; only resembling what the author wrote earns the rest.
+  ``cu_reward="compile"`` pays 1 for any compiled fill (DICE's binary reward, for comparison runs). A fill
+  *run* against a dice-spec (``correct``) earns 1 either way: that check cannot be fooled by a no-op.
 
 The validator's verdict cache: identical ``(task, program)`` samples of one batch are validated once and
 share that verdict (the same text under the same check: the group's z-score sees them equal, as they are),
@@ -47,6 +54,9 @@ from training.rl.rollout import Rollout
 from training.rl.tasks import Task, file_split, program_from
 
 KERNELBENCH_KINDS = ("infill", "e2e")
+CU_REWARDS = ("match", "compile")
+MATCH_FLOOR = 0.2  # a compiled fill that resembles nothing of the original still beats a failing one (0)
+_C_TOKEN = re.compile(r"[A-Za-z_]\w*|\d[\w.]*|\.\d[\w.]*|->|<<|>>|[-+*/%&|^!=<>]=|&&|\|\||\+\+|--|::|\S")
 DEFAULT_DEADLINE_S = 900.0
 _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
 
@@ -63,6 +73,7 @@ class Scored:
     speedup: float | None = None
     message: str = ""
     passed: bool = False
+    exact: bool = False  # a .cu fill whose tokens equal the hole's original (comments and layout aside)
 
 
 class RewardFn(Protocol):
@@ -87,6 +98,23 @@ def speedup_reward(speedup: float | None) -> float:
     if speedup is None or math.isnan(speedup) or speedup <= 0:
         return 0.3
     return max(SPEEDUP_FLOOR, 0.3 + min(math.log2(speedup), 2.0))
+
+
+def code_tokens(text: str) -> list[str]:
+    """C/C++ tokens of ``text``, comments dropped (layout never matters)."""
+    return _C_TOKEN.findall(_COMMENTS.sub(" ", text))
+
+
+def similarity(fill: str, target: str) -> float:
+    """How much of ``target``'s token sequence ``fill`` reproduces: difflib's ratio over :func:`code_tokens`
+    (2 * matched / total; 1.0 when the tokens are equal). The standard library's matcher: statements are a
+    few dozen tokens, so its quadratic worst case costs nothing here."""
+    import difflib
+
+    a, b = code_tokens(fill), code_tokens(target)
+    if a == b:
+        return 1.0
+    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
 
 
 def blank_fill(text: str) -> bool:
@@ -157,7 +185,11 @@ class ValidatorReward:
         strict: bool = False,
         accept_compiled: bool = False,
         reuse_verdicts: bool = False,
+        cu_reward: str = "match",
     ) -> None:
+        if cu_reward not in CU_REWARDS:
+            raise ValueError(f"cu_reward must be one of {', '.join(CU_REWARDS)}, got {cu_reward!r}")
+        self.cu_reward = cu_reward
         self.pool = pool
         self.speedup_term = speedup_term
         self.deadline_s = deadline_s
@@ -216,7 +248,7 @@ class ValidatorReward:
         verdicts.update(self._cu(cu, origins))
         for key, job in jobs.items():
             has_spec = job.task.id in origins and origins[job.task.id].source is not None
-            scored = self._scored(job.task, verdicts[key], has_spec)
+            scored = self._scored(job.task, verdicts[key], has_spec, job.program)
             for i, j in job.samples:
                 out[i][j] = scored
         self.last_stats = {
@@ -290,7 +322,7 @@ class ValidatorReward:
                     )
         return results
 
-    def _scored(self, task: Task, verdict: Any, has_spec: bool) -> Scored:
+    def _scored(self, task: Task, verdict: Any, has_spec: bool, program: str) -> Scored:
         from dice.validator.verdict import FLAG_FILL_NOT_CHECKED
 
         speedup = verdict.speedup if verdict.speedup is not None and math.isfinite(verdict.speedup) else None
@@ -302,7 +334,14 @@ class ValidatorReward:
                 return Scored(0.0, "not_checked", None, speedup, message)
             must_run = has_spec and bool(getattr(self.pool, "gpu", False))
             ok = status == "correct" if must_run else status in ("compiled", "correct")
-            return Scored(1.0 if ok else 0.0, status, guard, speedup, message, passed=ok)
+            fill, target = _fill_of(task, program), str(task.record.get("target", ""))
+            sim = similarity(fill, target) if ok else 0.0
+            reward = 0.0
+            if ok:
+                ran = must_run or status == "correct"
+                only_compiled = self.cu_reward == "match" and not ran
+                reward = MATCH_FLOOR + (1.0 - MATCH_FLOOR) * sim if only_compiled else 1.0
+            return Scored(reward, status, guard, speedup, message, passed=ok, exact=ok and sim == 1.0)
         if status == "correct":
             reward = speedup_reward(speedup) if self.speedup_term and task.kind == "e2e" else 1.0
             return Scored(reward, status, guard, speedup, message, passed=True)

@@ -288,7 +288,10 @@ class RLTrainer:
 
         self.pool = ValidatorPool(cfg.validator_workers or None, timeout_s=cfg.validator_timeout_s)
         self.reward = ValidatorReward(
-            self.pool, speedup_term=cfg.speedup_term, accept_compiled=cfg.accept_compiled
+            self.pool,
+            speedup_term=cfg.speedup_term,
+            accept_compiled=cfg.accept_compiled,
+            cu_reward=cfg.cu_reward,
         )
 
     def _resume(self) -> None:
@@ -488,15 +491,16 @@ class RLTrainer:
         data = self.rollouts(tasks, 0, greedy=True)
         flat = [sc for g in data.scores for sc in g]
         sums = [len(flat), sum(compiled(sc) for sc in flat), sum(sc.passed for sc in flat)]
-        sums.append(sum(sc.reward for sc in flat))
+        sums += [sum(sc.reward for sc in flat), sum(sc.exact for sc in flat)]
         v = self.accelerator.reduce(
             torch.tensor(sums, dtype=torch.float64, device=self.accelerator.device), "sum"
         )
-        n, comp, ok, reward = v.tolist()
+        n, comp, ok, reward, exact = v.tolist()
         return {
             "tasks": int(n),
             "eval_compile_rate": round(comp / max(n, 1), 6),
             "eval_correct_rate": round(ok / max(n, 1), 6),
+            "eval_exact_rate": round(exact / max(n, 1), 6),
             "eval_reward_mean": round(reward / max(n, 1), 6),
             "eval_s": round(time.perf_counter() - t0, 3),
         }

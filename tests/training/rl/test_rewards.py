@@ -9,7 +9,15 @@ import re
 import pytest
 
 from dice.validator.verdict import FLAG_NOT_RUN, Verdict
-from training.rl.rewards import Scored, ToyReward, ValidatorReward, blank_fill, speedup_reward
+from training.rl.rewards import (
+    MATCH_FLOOR,
+    Scored,
+    ToyReward,
+    ValidatorReward,
+    blank_fill,
+    similarity,
+    speedup_reward,
+)
 from training.rl.rollout import Rollout
 from training.rl.tasks import MASK, make_task
 
@@ -211,6 +219,33 @@ def test_blank_fill():
     assert blank_fill("  /* x */ // y\n ") and not blank_fill("x = 1; // y")
 
 
+def test_a_fill_that_only_compiles_earns_by_its_likeness_to_the_original():
+    """A compile check alone is foolable (``;`` compiles in any statement hole): a compiled fill earns
+    MATCH_FLOOR plus its token similarity to the original, the original itself 1; a correct run earns 1."""
+    task = cu_task(CU)
+    fills = [
+        "x[i]   =  0 ;  // STUB compiled (the original, re-laid out and commented)",
+        "; // STUB compiled",
+        "return; // STUB compiled",
+        "x[i] = 1; // STUB compiled",
+        "x[i] = 1; // STUB correct",
+        "x[i] = ; // STUB compile_error",
+    ]
+    got = ValidatorReward(StubPool(gpu=False))([task], [roll(task, fills)])[0]
+    assert got[0].reward == 1.0 and got[0].exact and got[0].status == "compiled"
+    noop, ret, near = got[1].reward, got[2].reward, got[3].reward
+    assert MATCH_FLOOR <= noop <= 0.4 and MATCH_FLOOR <= ret <= 0.4  # compiles, resembles nothing
+    assert 0.8 < near < 1.0 and not got[3].exact  # one token off
+    assert got[4].reward == 1.0 and got[4].status == "correct"  # run against a spec: cannot be a no-op
+    assert got[5].reward == 0.0 and all(s.passed for s in got[:5])
+    binary = ValidatorReward(StubPool(gpu=False), cu_reward="compile")([task], [roll(task, fills)])[0]
+    assert [s.reward for s in binary] == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0]  # DICE's: any compiled fill pays 1
+    with pytest.raises(ValueError, match="cu_reward"):
+        ValidatorReward(StubPool(), cu_reward="bleu")
+    assert similarity("a->b[i] += 1; /* c */", "a -> b [ i ] += 1 ;") == 1.0
+    assert similarity("", "x = 1;") == 0.0
+
+
 def test_real_cu_compile_reward_on_a_cpu_pool():
     from dice.validator import ValidatorPool
 
@@ -222,11 +257,14 @@ def test_real_cu_compile_reward_on_a_cpu_pool():
             "/* dice-spec\ndef inputs(): return []\n*/ x[i] = 0;",
         ]
         scores = reward([task], [roll(task, fills)])[0]
+    # compiled, but not what the hole held (x[i] = 0;): the floor plus its token similarity
+    expected = MATCH_FLOOR + (1 - MATCH_FLOOR) * similarity(fills[0], "x[i] = 0;")
     assert [(s.reward, s.status) for s in scores] == [
-        (1.0, "compiled"),
+        (pytest.approx(expected), "compiled"),
         (0.0, "compile_error"),
         (0.0, "rejected"),
     ]
+    assert 0.5 < expected < 1.0 and scores[0].passed and not scores[0].exact
     assert "undefined" in scores[1].message
     assert (
         scores[2].guard == "fill_changes_spec"
