@@ -24,6 +24,12 @@ def _normalise(code: str) -> str:
     return re.sub(r"\s+", " ", code).strip()
 
 
+def _kinds(present) -> list[str]:
+    """The hole kinds of ``present`` in a fixed order: the KernelBench cuts first, then any other (the
+    real-code corpus adds ``expression``), sorted."""
+    return [k for k in INFILL_KINDS if k in present] + sorted(k for k in present if k not in INFILL_KINDS)
+
+
 def select_infill_items(examples: list[Example], limit: int, seed: int) -> list[Example]:
     """Up to ``limit`` held-out .cu infill items, balanced over kinds, one per CUDA source and kind."""
     by_kind: dict[str, list[Example]] = defaultdict(list)
@@ -41,8 +47,9 @@ def select_infill_items(examples: list[Example], limit: int, seed: int) -> list[
     for items in by_kind.values():
         rng.shuffle(items)
     out: list[Example] = []
+    kinds = _kinds(by_kind)
     while len(out) < limit and any(by_kind.values()):
-        for kind in INFILL_KINDS:
+        for kind in kinds:
             if by_kind.get(kind) and len(out) < limit:
                 out.append(by_kind[kind].pop())
     return out
@@ -73,7 +80,7 @@ def evaluate_heldout(
             records.append(_infill_record(engine, pool, ex, prompt_tokens, max_new_tokens))
     summary: dict = {"items": len(records), "seconds": round(time.perf_counter() - started, 1), "by_kind": {}}
     summary.update(_stats(records))
-    for kind in INFILL_KINDS:
+    for kind in _kinds({r["kind"] for r in records}):
         rows = [r for r in records if r["kind"] == kind]
         if rows:
             summary["by_kind"][kind] = _stats(rows)

@@ -43,6 +43,13 @@ def test_selection_balances_kinds_and_skips_duplicates() -> None:
     assert picked[1].meta["kind"] == "loop_body"  # kinds alternate
 
 
+def test_selection_takes_kinds_beyond_the_kernelbench_cuts() -> None:
+    """The real-code corpus adds expression holes; they are picked too, after the KernelBench kinds."""
+    exs = [infill_example(1, "statement", "y[i] = a * x[i];"), infill_example(2, "expression", "a * x[i]")]
+    picked = select_infill_items(exs, 10, seed=0)
+    assert [p.meta["kind"] for p in picked] == ["statement", "expression"]
+
+
 def test_pipeline_compiles_reference_candidate_and_empty_fill(tmp_path: Path) -> None:
     pytest.importorskip("cupy")
     from engine.testing import make_tiny_checkpoint
