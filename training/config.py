@@ -59,6 +59,13 @@ class SFTConfig:
     max_minutes: float = field(
         default=0.0, metadata={"help": "stop (and save) after this wall time; 0 = no limit"}
     )
+    lr_schedule: str = field(
+        default="steps",
+        metadata={
+            "help": "steps: the cosine decays over the steps | time: with --max-minutes, over whichever "
+            "ends first, the steps or the training time (a time-budgeted run ends at the floor LR)"
+        },
+    )
     eps: float = field(default=1e-3, metadata={"help": "t ~ U(eps, 1)"})
     seed: int = field(default=0, metadata={"help": "seed for init, data order and noise"})
     mixed_precision: str = field(
@@ -124,6 +131,10 @@ class SFTConfig:
             raise ValueError(f"--attention {self.attention!r}: use flex, dense or auto")
         if not 0 < self.eps < 1:
             raise ValueError("--eps must be in (0, 1)")
+        if self.lr_schedule not in ("steps", "time"):
+            raise ValueError(f"--lr-schedule {self.lr_schedule!r}: use steps or time")
+        if self.lr_schedule == "time" and not self.max_minutes:
+            raise ValueError("--lr-schedule time needs --max-minutes (the time the decay spans)")
 
 
 def add_dataclass_arguments(cls: type, parser: argparse.ArgumentParser) -> None:

@@ -39,12 +39,24 @@ from training.rows import EpochPermutation, RowDataset, load_rows
 # Setup helpers
 
 
-def _lr_lambda(total: int, warmup: int, floor: float):
+def _lr_lambda(total: int, warmup: int, floor: float, time_fraction=None, warmup_ratio: float = 0.0):
+    """Linear warm-up over ``warmup`` steps, then a cosine from 1 to ``floor`` over the rest of ``total``.
+
+    With ``time_fraction`` (``--lr-schedule time``: the share of the ``--max-minutes`` budget used) both
+    follow whichever runs out first, the steps or the time: the warm-up ends after ``warmup`` steps or
+    ``warmup_ratio`` of the time, and the cosine's progress is the larger of the two shares, so a run the
+    time budget stops still ends its decay at the floor."""
+
     def f(step: int) -> float:
+        used = min(1.0, time_fraction()) if time_fraction is not None else None
         if warmup and step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+            by_time = used / warmup_ratio if used is not None and warmup_ratio > 0 else 0.0
+            if by_time < 1.0:
+                return max((step + 1) / warmup, by_time)
+        progress = min(1.0, (step - warmup) / max(1, total - warmup)) if step >= warmup else 0.0
+        if used is not None:
+            progress = max(progress, (used - warmup_ratio) / max(1e-9, 1.0 - warmup_ratio))
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, max(0.0, progress))))
 
     return f
 
@@ -116,6 +128,7 @@ class TrainerState:
     epoch: int = 0
     history: list[dict] = field(default_factory=list)
     eval_history: list[dict] = field(default_factory=list)
+    train_seconds: float = 0.0  # training time of the runs before this one (a resumed run adds its own)
 
     def to_json(self) -> str:
         state = {
@@ -123,13 +136,20 @@ class TrainerState:
             "epoch": self.epoch,
             "history": self.history,
             "eval_history": self.eval_history,
+            "train_seconds": self.train_seconds,
         }
         return json.dumps(state)
 
     @classmethod
     def read(cls, path: Path) -> TrainerState:
         state = json.loads(path.read_text())
-        return cls(state["step"], state["epoch"], state.get("history", []), state.get("eval_history", []))
+        return cls(
+            state["step"],
+            state["epoch"],
+            state.get("history", []),
+            state.get("eval_history", []),
+            float(state.get("train_seconds", 0.0)),
+        )
 
 
 class SFTRecipe:
@@ -142,6 +162,7 @@ class SFTRecipe:
         self.state = TrainerState()
         self.tokens_seen = 0
         self.started = time.perf_counter()
+        self.time_used = 0.0  # share of --max-minutes used, all processes agreeing (--lr-schedule time)
 
     # ---------------------------------------------------------------------------------------------- setup
 
@@ -236,8 +257,9 @@ class SFTRecipe:
             )
         self.total_steps = cfg.max_steps or max(1, int(self.steps_per_epoch * cfg.epochs))
         warmup = int(self.total_steps * cfg.warmup_ratio)
+        by_time = (lambda: self.time_used) if cfg.lr_schedule == "time" else None
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, _lr_lambda(self.total_steps, warmup, cfg.min_lr_ratio)
+            self.optimizer, _lr_lambda(self.total_steps, warmup, cfg.min_lr_ratio, by_time, cfg.warmup_ratio)
         )
 
     def _resume(self) -> None:
@@ -250,6 +272,8 @@ class SFTRecipe:
             raise FileNotFoundError(f"--resume {cfg.resume}: no checkpoint found")
         self.accelerator.load_state(str(resume_dir))
         self.state = TrainerState.read(resume_dir / "trainer_state.json")
+        if cfg.max_minutes:
+            self.time_used = self.state.train_seconds / (cfg.max_minutes * 60)
 
     # ------------------------------------------------------------------------------------------- training
 
@@ -396,8 +420,11 @@ class SFTRecipe:
             if acc.is_main_process:
                 write_curves(self.out, s.history, s.eval_history)
         if cfg.max_minutes:
-            over = torch.tensor(float(elapsed > cfg.max_minutes * 60), device=acc.device)
-            if float(acc.reduce(over, reduction="max")) > 0:
+            # one all-reduce: this run's time (the stop) and the whole training's (the time schedule)
+            times = torch.tensor([elapsed, s.train_seconds + elapsed], device=acc.device)
+            run_s, total_s = (float(t) for t in acc.reduce(times, reduction="max"))
+            self.time_used = total_s / (cfg.max_minutes * 60)
+            if run_s > cfg.max_minutes * 60:
                 acc.print(f"sft: stopping at step {s.step}: --max-minutes {cfg.max_minutes} reached")
                 return True
         return False
@@ -435,7 +462,9 @@ class SFTRecipe:
         path = self.out / "checkpoints" / f"step_{s.step}"
         acc.save_state(str(path))
         if acc.is_main_process:
-            (path / "trainer_state.json").write_text(s.to_json() + "\n")
+            ran = time.perf_counter() - self.started
+            so_far = dataclasses.replace(s, train_seconds=s.train_seconds + ran)
+            (path / "trainer_state.json").write_text(so_far.to_json() + "\n")
             (path / "sft_config.json").write_text(json.dumps(dataclasses.asdict(self.cfg), indent=2) + "\n")
         acc.wait_for_everyone()
         return path

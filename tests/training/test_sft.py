@@ -193,6 +193,37 @@ def test_resume_continues_identically(tiny: Path, examples: Path, tmp_path: Path
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_time_schedule_ends_the_decay_when_the_time_budget_ends(
+    tiny: Path, examples: Path, tmp_path: Path
+) -> None:
+    """--lr-schedule time: a run stopped by --max-minutes long before --max-steps still ends at the floor
+    LR; the step schedule would have stopped near the top of its cosine."""
+    from training.sft import _lr_lambda
+
+    used = [0.0]
+    f = _lr_lambda(1000, 10, 0.1, lambda: used[0], warmup_ratio=0.01)
+    assert f(5) == 0.6 and f(20) > 0.99  # warm-up by steps; early on the steps lead
+    used[0] = 0.505
+    assert abs(f(20) - 0.55) < 1e-9  # half of the time after warm-up used: half-way down (0.1 + 0.9 / 2)
+    used[0] = 1.5
+    assert f(20) == 0.1  # the budget is spent: the floor
+    long_warmup = _lr_lambda(100_000, 5_000, 0.1, lambda: used[0], warmup_ratio=0.05)
+    used[0] = 0.025
+    assert long_warmup(3) == 0.5  # half the warm-up's time: half the LR, whatever the steps say
+    used[0] = 1.0
+    assert long_warmup(3) == 0.1  # the time is up: the floor, even inside the step warm-up
+    budget_min = 2.5 / 60  # about 2.5 s of CPU steps, far fewer than the 100,000 steps asked for
+    summary = run(
+        tiny, examples, tmp_path / "t", max_steps=100_000, max_minutes=budget_min, lr_schedule="time"
+    )
+    lrs = [float(r["lr"]) for r in curve(tmp_path / "t")]
+    assert 3 <= summary["steps"] < 100_000 and len(lrs) == summary["steps"]
+    # near the floor (0.1 x 3e-3; the last step logged lags the clock by a step or two), from near the top
+    assert lrs[-1] <= 3e-3 * 0.1 * 1.25 and max(lrs) > 3e-3 * 0.5
+    with pytest.raises(ValueError, match="needs --max-minutes"):
+        SFTConfig(data="x", init_config="c", tokenizer="t", lr_schedule="time").validate()
+
+
 def test_gradient_accumulation_equals_the_bigger_batch(tiny: Path, examples: Path, tmp_path: Path) -> None:
     run(tiny, examples, tmp_path / "big", micro_batch_size=2)
     run(tiny, examples, tmp_path / "acc", micro_batch_size=1, grad_accum=2)
