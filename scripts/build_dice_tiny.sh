@@ -15,7 +15,8 @@
 #                                        #   SMOKE=1 with one stage name runs that stage of it)
 #
 # DATA: the shared data folder (cuda-corpus, realproj, KernelBench, KernelBench PR-67, CUDA-L1; each SOURCE.md).
-# MODEL: the config template (default training/configs/dice_tiny_realcode.json). The GPU stages read WORK and write RUN;
+# MODEL: the config template (default training/configs/dice_tiny_realcode.json).
+# The GPU stages read WORK and write RUN;
 # on the device machine carry WORK's packed rows, tokenizer, init_config.json and rl/ (a few tens of MB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +28,8 @@ MODEL=${MODEL:-training/configs/dice_tiny_realcode.json}
 SHIP=${SHIP:-rl}
 stage=${1:-all}
 
-# SFT and RL budgets (GPU minutes); the smoke stage shrinks everything.
+# SFT and RL budgets; the smoke stage shrinks everything. SFT runs until SFT_STEPS or SFT_MINUTES of training,
+# whichever comes first, its cosine LR decaying over that same budget (--lr-schedule time).
 SFT_STEPS=${SFT_STEPS:-12000}
 SFT_MINUTES=${SFT_MINUTES:-9}
 RL_STEPS=${RL_STEPS:-16}
@@ -44,14 +46,16 @@ if [[ $stage == smoke || ${SMOKE:-0} == 1 ]]; then
     SFT_STEPS=4 SFT_MINUTES=0 RL_STEPS=1 RL_TASKS=2 SEQ_LEN=2048 EVAL_HOLES=2
     CORPUS_EXTRA=(--holes-per-kb 0.05 --max-holes-per-file 2 --cu-variants 1)
     RLTASKS_LIMIT=(--limit 400)
-    SFT_EXTRA=(--micro-batch-size 2 --attention dense --compile no --eval-rows 2 --final-eval-rows 2)
+    SFT_EXTRA=(--micro-batch-size 2 --attention dense --compile no --eval-rows 2 --final-eval-rows 2
+        --lr-schedule steps)
     RL_EXTRA=(--group-size 2 --max-new-tokens 16 --rollout-rows 4 --micro-batch-size 2 --device cpu
         --validator-workers 2)
 fi
 
 corpus() {
     "$PY" -m dice train corpus --data-dir "$DATA" --out "$WORK" --seed 0 --heldout-fraction 0.08 \
-        --cu-variants 16 --tokenizer-vocab 8192 --model-template "$MODEL" "${CORPUS_EXTRA[@]}"
+        --cu-variants 16 --holes-per-kb 1.0 --max-holes-per-file 32 --tokenizer-vocab 8192 \
+        --model-template "$MODEL" "${CORPUS_EXTRA[@]}"
     for split in train heldout; do
         "$PY" -m dice train pack --examples "$WORK/$split.jsonl.gz" --tokenizer "$WORK/tokenizer" \
             --seq-len "$SEQ_LEN" --block-size 4 --out "$WORK/${split}_rows.npz"
@@ -74,7 +78,7 @@ train() {
     "$PY" -m dice train sft --data "$WORK/train_rows.npz" --eval-data "$WORK/heldout_rows.npz" \
         --init-config "$WORK/init_config.json" --tokenizer "$WORK/tokenizer" --out "$RUN/sft" \
         --seq-len "$SEQ_LEN" --seed 0 --micro-batch-size 16 --lr 2e-3 --min-lr-ratio 0.1 --warmup-ratio 0.03 \
-        --weight-decay 0.1 --max-steps "$SFT_STEPS" --max-minutes "$SFT_MINUTES" --log-every 20 \
+        --weight-decay 0.1 --max-steps "$SFT_STEPS" --max-minutes "$SFT_MINUTES" --lr-schedule time --log-every 20 \
         --eval-every 2000 --eval-rows 128 --final-eval-rows 512 --save-dtype bfloat16 "${SFT_EXTRA[@]}"
 }
 
