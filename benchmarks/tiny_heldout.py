@@ -1,37 +1,53 @@
-"""The embedded model on held-out single-statement holes of real projects, filled through the product.
+"""The embedded model on held-out single-statement holes of never-seen projects and files, filled through
+the product.
 
-    python benchmarks/tiny_heldout.py [--model DIR] [--holes 60] [--candidates 4] [--seed 0]
-        [--data ../shared/data] [--results benchmarks/results] [--projects ggml,moderngpu] [--quick]
+    python benchmarks/tiny_heldout.py [--set realproj|heldout-files|both] [--model DIR] [--holes 60]
+        [--candidates 4] [--seed 0] [--per-file 3] [--data ../shared/data] [--results benchmarks/results]
+        [--projects ggml,moderngpu] [--quick] [--heldout-files runs/dice-tiny-data/heldout_files.jsonl.gz]
+        [--split runs/dice-tiny-data/split.json] [--max-sampled 400]
 
-Holes: ``../shared/data/realproj`` (4 real projects that compile with nvcc through their compile commands;
-ggml-org/ggml and NVIDIA/CUDALibrarySamples are held out of training by project, moderngpu and
-Learn-CUDA-Programming are not in the training data at all) is copied to a temporary folder and its
-``compile_commands.json`` written (``realproj_compile.copy_realproj``). In its ``.cu``/``.cuh`` files (the
-files the editor and ``dice complete`` fill), a seeded sample of statement lines inside function bodies
-(``realproj_compile.statement_lines``, then: tree-sitter sees exactly one statement or declaration on the
-line, 6..160 characters, not a bare ``return;``/``break;``/``continue;``), spread round-robin over projects
-and files, at most ``--per-file`` (3) per file. Each hole's line becomes the editor's ``/* <MASK> */`` at the
-line's indentation, as a user would write it.
+Hole sets (``tiny_heldout_holes``; ``--set``, default realproj):
+
+- ``realproj``: ``../shared/data/realproj`` (4 real projects that compile with nvcc through their compile
+  commands; ggml-org/ggml and NVIDIA/CUDALibrarySamples are held out of training by project, moderngpu and
+  Learn-CUDA-Programming are not in the training data at all) is copied to a temporary folder and its
+  ``compile_commands.json`` written (``realproj_compile.copy_realproj``); its ``.cu``/``.cuh`` files (the
+  files the editor and ``dice complete`` fill) are sampled. ``--holes`` holes, every one checked.
+- ``heldout-files``: the ``.cu``/``.cuh`` corpus files ``dice train corpus`` held out *by file* (``--split``
+  split.json, ``why == "file"``; the rest of their projects was trained on), from ``--heldout-files``; each
+  file alone in its own temporary workspace at its repository path, no compile database (the product's
+  fallback: NVRTC on the device code, nvcc on the whole file). Up to ``--max-sampled`` holes are sampled and
+  tried in order until ``--holes`` are checkable. A file whose untouched text does not compile makes all its
+  holes not checkable without checking each (one compile per file).
+
+Sampling (both sets): seeded statement lines inside function bodies (``realproj_compile.statement_lines``,
+then: tree-sitter sees exactly one statement or declaration on the line, 6..160 characters, not a bare
+``return;``/``break;``/``continue;``), spread round-robin over projects and files, at most ``--per-file`` (3)
+per file. Each hole's line becomes the editor's ``/* <MASK> */`` at the line's indentation, as a user would
+write it.
 
 Checkable: before filling, the file with the original statement (plus a comment, so no verdict is reused)
 and with ``realproj_compile.GARBAGE`` in its place are validated with the same pool and build options; a
 hole is checkable only when the original compiles and the garbage is a ``compile_error``. Rates are over
-checkable holes; the others are listed with their reason.
+checkable holes; the others are listed with their reason ("why_not": the original does not compile (a
+missing header, another error) or the garbage is not caught).
 
-Fill: ``dice.assistant.AssistantService`` with the copy as workspace (``workspace_root``, its
+Fill: ``dice.assistant.AssistantService`` with the hole's workspace (``workspace_root``; realproj: its
 ``compile_commands.json`` as ``compile_commands``), ``trusted_workspace`` False (compile-only verdicts),
 ``candidates=N``, the product's default decode settings, ``complete_document(text, filename=<path in the
-copy>)``. ``--latency-ms`` defaults to 0 (no budget, the CLI's default) so every candidate is validated; the
-editor's default is 2000 ms, under which the sampled candidates mostly come back unvalidated. The engine is
-loaded here, primed as the service primes it, and injected wrapped in a recorder that times each
+workspace>)``. ``--latency-ms`` defaults to 0 (no budget, the CLI's default) so every candidate is validated;
+the editor's default is 2000 ms, under which the sampled candidates mostly come back unvalidated. The engine
+is loaded here, primed as the service primes it, and injected wrapped in a recorder that times each
 ``engine.infill`` call (model time, apart from validation) and keeps the greedy call's text: the service puts
-the greedy fill first and samples the others, but its ranked candidates do not say which was greedy, so
-the greedy text is cut to the hole's shape with the service's own ``fills.shaped_fill`` and looked up among
-the candidates ("model-top"; none when the greedy fill was blank). "shown" is the rank-0 candidate, what
-the editor shows. "compiles": status ``compiled``/``correct`` and not flagged ``fill_not_checked``.
+the greedy fill first and samples the others, but its ranked candidates do not say which was greedy, so the
+greedy text is cut to the hole's shape with the service's own ``fills.shaped_fill`` and looked up among the
+candidates ("model-top"; none when the greedy fill was blank). "shown" is the rank-0 candidate, what the
+editor shows. "compiles": status ``compiled``/``correct`` and not flagged ``fill_not_checked``. Each verdict
+records which compiler decided it (``checker``: nvcc on the whole file, or NVRTC on the device code alone).
 
-Writes tiny_heldout_<model>.jsonl (one line per hole, as it goes), and .json / .md (rewritten after every
-hole, so a killed run leaves its summary) to --results.
+Writes to --results ``tiny_heldout_<model>`` (realproj), ``tiny_heldout_files_<model>`` (heldout-files) or
+``tiny_heldout_both_<model>``: ``.jsonl`` (one line per hole, as it goes), ``.json`` / ``.md`` (rewritten
+after every hole, so a killed run leaves its summary; tables by project, by set, or overall).
 """
 
 from __future__ import annotations
@@ -43,10 +59,8 @@ import hashlib
 import json
 import os
 import platform
-import random
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,106 +72,30 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from realproj_compile import GARBAGE, copy_realproj, replace_line, statement_lines, with_comment  # noqa: E402
+from realproj_compile import GARBAGE, replace_line, with_comment  # noqa: E402
+from tiny_heldout_holes import (  # noqa: E402, F401 - the tests reach the helpers through this module
+    SETS,
+    HoleSet,
+    HoleSpec,
+    candidate_files,
+    heldout_by_file,
+    heldout_files_set,
+    hole_lines,
+    mask_line,
+    realproj_set,
+    sample_holes,
+    sample_texts,
+)
+from tiny_heldout_report import TARGETS, checkability, summarise, write_results  # noqa: E402, F401
 
-from dice.cuda_source import parse_bytes, parse_document  # noqa: E402
-from dice.cuda_source.positions import encode_text  # noqa: E402
-
-MASK = "/* <MASK> */"
-MASK_SUFFIXES = (".cu", ".cuh", ".cuda")  # the files the editor and `dice complete` fill
-MIN_CHARS, MAX_CHARS = 6, 160
-TRIVIAL = {"return;", "break;", "continue;", "}"}
 COMPILES = ("compiled", "correct")
-TARGETS = {"shown_compiles": 0.5, "shown_exact": 0.2}  # issue 21, for the shipped model
-
-
-@dataclasses.dataclass(frozen=True)
-class HoleSpec:
-    project: str
-    file: str  # relative to the realproj copy
-    line: int  # 0-based
-    original: str  # the statement, stripped
-
-
-# ------------------------------------------------------------------------------------------------ holes
-def hole_lines(text: str) -> list[int]:
-    """0-based lines that hold exactly one whole statement inside a function body (see the module doc)."""
-    data = encode_text(text)
-    root = parse_bytes(data).root_node
-    doc = parse_document(text)
-    # tree-sitter's recovery can stretch a function over the rest of the file (macro-heavy code): not a body
-    bodies = [
-        (doc.index.line_of_byte(f.body_start_byte), doc.index.line_of_byte(f.body_end_byte))
-        for f in doc.functions
-        if not f.recovered
-    ]
-    starts = [0]
-    for line in text.splitlines(keepends=True):
-        starts.append(starts[-1] + len(encode_text(line)))
-    lines = text.splitlines()
-    out = []
-    for n in statement_lines(text):
-        content = lines[n].strip()
-        if not MIN_CHARS <= len(content) <= MAX_CHARS or content in TRIVIAL:
-            continue
-        if not any(first < n < last for first, last in bodies):
-            continue
-        raw = lines[n]
-        start = starts[n] + len(encode_text(raw[: len(raw) - len(raw.lstrip())]))
-        if _whole_statement(root, start, start + len(encode_text(content))):
-            out.append(n)
-    return out
-
-
-def _whole_statement(root: Any, start: int, end: int) -> bool:
-    node = root.named_descendant_for_byte_range(start, end)
-    while node is not None and node.start_byte == start and node.end_byte == end:
-        if node.type == "declaration" or (
-            node.type.endswith("_statement") and node.type != "compound_statement"
-        ):
-            return True
-        node = node.parent
-    return False
-
-
-def mask_line(text: str, line: int) -> str:
-    """The file with ``line`` replaced by the editor's mask comment at the line's indentation."""
-    return replace_line(text, line, MASK)
-
-
-def candidate_files(root: Path, projects: list[str] | None = None) -> list[str]:
-    """The realproj files the editor fills (TUs and headers with a mask suffix), relative, sorted."""
-    tus = [e["file"] for e in json.loads((root / "compile_commands.template.json").read_text())]
-    headers_file = root / "headers.json"
-    headers = list(json.loads(headers_file.read_text())) if headers_file.is_file() else []
-    files = sorted({f for f in tus + headers if f.endswith(MASK_SUFFIXES)})
-    if projects:
-        files = [f for f in files if any(p.lower() in f.split("/")[0].lower() for p in projects)]
-    return files
-
-
-def sample_holes(root: Path, files: list[str], n: int, seed: int, per_file: int = 3) -> list[HoleSpec]:
-    """``n`` holes, seeded: round-robin over projects; within a project, one hole per file in a shuffled
-    file order before any file's second, at most ``per_file`` per file."""
-    rng = random.Random(seed)
-    by_project: dict[str, list[list[HoleSpec]]] = {}
-    for rel in files:
-        text = (root / rel).read_text(encoding="utf-8", errors="replace")
-        lines = text.splitlines()
-        picks = [HoleSpec(rel.split("/")[0], rel, k, lines[k].strip()) for k in hole_lines(text)]
-        rng.shuffle(picks)
-        if picks:
-            by_project.setdefault(rel.split("/")[0], []).append(picks[:per_file])
-    queues = {}
-    for project, per in sorted(by_project.items()):
-        rng.shuffle(per)
-        queues[project] = [p[k] for k in range(per_file) for p in per if k < len(p)]
-    out: list[HoleSpec] = []
-    while len(out) < n and any(queues.values()):
-        for project in sorted(queues):
-            if queues[project] and len(out) < n:
-                out.append(queues[project].pop(0))
-    return out
+MISSING_HEADER = ("No such file or directory", "cannot open source file")
+STEMS = {
+    "realproj": "tiny_heldout_{}",
+    "heldout-files": "tiny_heldout_files_{}",
+    "both": "tiny_heldout_both_{}",
+}
+GROUP_BY = {"realproj": "project", "heldout-files": None, "both": "set"}
 
 
 # ------------------------------------------------------------------------------------------------ engine
@@ -210,7 +148,8 @@ def _norm(code: str) -> str:
 
 
 def _verdict_json(v: Any) -> dict[str, Any]:
-    """Status, flags, which compiler decided (the message says "whole file with nvcc (<command>, ...)")."""
+    """Status, flags, which compiler decided (the message says "whole file with nvcc (<command>, ...)" or
+    "device code with NVRTC")."""
     message = "" if v is None else v.message
     checked = next((x for x in message.splitlines() if "with nvcc" in x), "")
     return {
@@ -226,29 +165,61 @@ def compiles(v: Any) -> bool:
     return v is not None and v.status in COMPILES and "fill_not_checked" not in v.flags
 
 
-async def check_hole(pool: Any, root: Path, hole: HoleSpec, build: Any) -> dict[str, Any]:
-    """Validate the original statement and the garbage statement in place (the checkability test)."""
+def _original_why(v: Any) -> str:
+    """Why an original does not compile, in a few words (the checkability counts)."""
+    if v.status == "compile_error":
+        missing = any(m in v.message or m in v.log for m in MISSING_HEADER)
+        return "original does not compile: " + ("missing header" if missing else "other error")
+    return f"original does not compile: {v.status}"
+
+
+def _submit(pool: Any, path: Path, text: str, build: Any) -> Any:
     from dice.assistant.rules import code_run_refusal
 
-    path = root / hole.file
+    return pool.submit_cu(
+        text, run=False, filename=path.name, folder=path.parent, build=build, not_run=code_run_refusal(False)
+    )
+
+
+async def check_file(pool: Any, path: Path, build: Any) -> dict[str, Any] | None:
+    """The untouched file's verdict: None when it compiles, else the not-checkable part of its holes'
+    records (the heldout-files set: one compile per file instead of two per hole)."""
+    start = time.perf_counter()
+    future = _submit(pool, path, path.read_text(encoding="utf-8", errors="replace"), build)
+    verdict = await asyncio.wrap_future(future)
+    if verdict.status in COMPILES:
+        return None
+    return {
+        "checkable": False,
+        "not_checkable_because": f"original file: {verdict.status}: {_verdict_json(verdict)['message']}",
+        "why_not": _original_why(verdict),
+        "original_verdict": _verdict_json(verdict),
+        "garbage_verdict": None,
+        "check_s": round(time.perf_counter() - start, 3),
+    }
+
+
+async def check_hole(pool: Any, path: Path, hole: HoleSpec, build: Any) -> dict[str, Any]:
+    """Validate the original statement and the garbage statement in place (the checkability test)."""
     text = path.read_text(encoding="utf-8", errors="replace")
     start = time.perf_counter()
     futures = [
-        pool.submit_cu(
-            t, run=False, filename=path.name, folder=path.parent, build=build, not_run=code_run_refusal(False)
-        )
+        _submit(pool, path, t, build)
         for t in (with_comment(text, hole.line), replace_line(text, hole.line, GARBAGE))
     ]
     original, garbage = await asyncio.to_thread(lambda: [f.result() for f in futures])
-    reasons = []
+    reasons, why = [], None
     if original.status not in COMPILES:
         reasons.append(f"original statement: {original.status}")
+        why = _original_why(original)
     if garbage.status != "compile_error":
         unchecked = any(u["line"] <= hole.line <= u["end_line"] for u in garbage.unchecked)
         reasons.append(f"garbage: {garbage.status}" + (" (line in the unchecked list)" if unchecked else ""))
+        why = why or "garbage not caught" + (" (line not type-checked)" if unchecked else "")
     return {
         "checkable": not reasons,
         "not_checkable_because": "; ".join(reasons) or None,
+        "why_not": why,
         "original_verdict": _verdict_json(original),
         "garbage_verdict": _verdict_json(garbage),
         "check_s": round(time.perf_counter() - start, 3),
@@ -270,10 +241,9 @@ def _cand(c: Any, original: str, greedy: bool) -> dict[str, Any]:
 
 
 async def fill_hole(
-    service: Any, recorder: RecordingEngine, root: Path, hole: HoleSpec, n: int, hole_cut: str
+    service: Any, recorder: RecordingEngine, path: Path, hole: HoleSpec, n: int, hole_cut: str
 ) -> dict[str, Any]:
     """Fill the masked hole through the service; the candidates, which was greedy and the timings."""
-    path = root / hole.file
     text = mask_line(path.read_text(encoding="utf-8", errors="replace"), hole.line)
     recorder.calls = []
     start = time.perf_counter()
@@ -304,160 +274,31 @@ async def fill_hole(
     }
 
 
-# ------------------------------------------------------------------------------------------------ summary
-def _rate(rs: list[dict[str, Any]], ok: Any) -> dict[str, Any]:
-    hits = sum(1 for r in rs if ok(r))
-    return {"n": len(rs), "hits": hits, "rate": round(hits / len(rs), 3) if rs else None}
-
-
-def _times(values: list[float]) -> dict[str, Any]:
-    if not values:
-        return {"n": 0}
-    values = sorted(values)
-    p90 = values[min(len(values) - 1, int(0.9 * len(values)))]
-    return {"n": len(values), "median_s": round(statistics.median(values), 2), "p90_s": round(p90, 2)}
-
-
-def _of(key: str, field: str) -> Any:
-    return lambda r: bool(r[key] and r[key][field])
-
-
-METRICS = [
-    ("model-top (greedy) compiles", "top_compiles", _of("model_top", "compiles")),
-    ("shown (rank 0 after validation) compiles", "shown_compiles", _of("shown", "compiles")),
-    ("any of N compiles", "any_compiles", lambda r: r["any_compiles"]),
-    ("model-top = original", "top_exact", _of("model_top", "exact")),
-    ("shown = original", "shown_exact", _of("shown", "exact")),
-    ("any of N = original", "any_exact", lambda r: r["any_exact"]),
-    ("no candidate (every fill blank)", "blank", lambda r: r["blank"]),
-    ("greedy fill blank", "greedy_blank", lambda r: r["greedy_blank"]),
-    ("model-top multi-line (one-line hole)", "top_multiline", _of("model_top", "multiline")),
-    ("shown multi-line (one-line hole)", "shown_multiline", _of("shown", "multiline")),
-]
-TIMES = [
-    ("greedy fill, model only", "greedy_model_s"),
-    ("all N fills, model only", "model_s"),
-    ("validation of the candidates", "validate_s"),
-    ("whole complete_document call", "total_s"),
-]
-
-
-def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per project and overall: the rates over checkable filled holes, times, and the hole counts."""
-    projects = sorted({r["project"] for r in records})
-    groups = {"all": records} | {p: [r for r in records if r["project"] == p] for p in projects}
-    out = {}
-    for name, rs in groups.items():
-        done = [r for r in rs if r["checkable"] and "candidates" in r]
-        row: dict[str, Any] = {
-            "sampled": len(rs),
-            "checkable": sum(1 for r in rs if r["checkable"]),
-            "filled": len(done),
-        }
-        for _, key, ok in METRICS:
-            row[key] = _rate(done, ok)
-        for _, key in TIMES:
-            row[key] = _times([r[key] for r in done])
-        cands = [c for r in done for c in r["candidates"]]
-        row["nvcc_verdicts"] = _rate(cands, lambda c: c["checker"] == "nvcc")
-        out[name] = row
-    return out
-
-
-def _cell(cell: dict[str, Any]) -> str:
-    if "hits" in cell:
-        return f"{cell['hits']}/{cell['n']}" + (f" ({100 * cell['rate']:.0f}%)" if cell["n"] else "")
-    return f"{cell['median_s']} / {cell['p90_s']}" if cell.get("n") else "-"
-
-
-def _code(text: str | None) -> str:
-    if text is None:
-        return "(none)"
-    return "`" + text.replace("\n", "⏎").replace("`", "'").replace("|", "\\|")[:120] + "`"
-
-
-def write_results(out: Path, name: str, meta: dict[str, Any], records: list[dict[str, Any]]) -> None:
-    """tiny_heldout_<name>.json (meta, summary, records) and .md (the tables and examples)."""
-    summary = summarise(records)
-    out.mkdir(parents=True, exist_ok=True)
-    payload = {**meta, "summary": summary, "records": records}
-    (out / f"tiny_heldout_{name}.json").write_text(json.dumps(payload, indent=1))
-    (out / f"tiny_heldout_{name}.md").write_text(_markdown(meta, summary, records))
-
-
-def _markdown(meta: dict[str, Any], summary: dict[str, Any], records: list[dict[str, Any]]) -> str:
-    cols = list(summary)
-    done = "" if meta.get("finished") else f" (unfinished: {len(records)}/{meta['holes']} holes so far)"
-    lines = [
-        f"# dice-tiny on held-out single-statement holes: {meta['model_name']}{done}",
-        "",
-        f"- machine: {meta['machine']}",
-        f"- command: `{meta['command']}`",
-        f"- date: {meta['date']}; wall time {meta.get('wall_s', 0):.0f} s; seed {meta['seed']}",
-        f"- model: `{meta['model_path']}` ({meta['model_info']}); weights sha256 "
-        + ", ".join(f"{k} `{v}`" for k, v in meta["weights_sha256"].items()),
-        f"- settings: {meta['settings']}",
-        f"- toolchain: {meta['nvcc']}; {meta['validator']}",
-        f"- holes: {meta['holes']} sampled from {meta['files']} `.cu`/`.cuh` files of "
-        f"`../shared/data/realproj` ({meta['hole_lines']} eligible statement lines), "
-        f"at most {meta['per_file']} per file",
-        "",
-        "Rates are over checkable holes (original compiles, garbage statement caught). *model-top*: the "
-        "greedy fill (none when it was blank); *shown*: the rank-0 candidate after validation, what the "
-        "editor shows; *compiles*: `compiled` (compile-only: untrusted workspace, no dice-spec) and not "
-        "`fill_not_checked`; *= original*: whitespace-normalised; *multi-line*: the fill holds a line break. "
-        f"{meta['candidates']} candidates, latency budget {meta['settings'].get('max_latency_ms')} ms "
-        "(0: none, every candidate validated). Times: median / p90 seconds.",
-        "",
-        "| | " + " | ".join(c.split("+")[-1] for c in cols) + " |",
-        "| --- |" + " --- |" * len(cols),
-        "| holes sampled / checkable / filled | "
-        + " | ".join(
-            f"{summary[c]['sampled']} / {summary[c]['checkable']} / {summary[c]['filled']}" for c in cols
-        )
-        + " |",
-    ]
-    for label, key, _ in METRICS:
-        lines.append(f"| {label} | " + " | ".join(_cell(summary[c][key]) for c in cols) + " |")
-    for label, key in TIMES:
-        lines.append(f"| {label}, s | " + " | ".join(_cell(summary[c][key]) for c in cols) + " |")
-    nvcc = " | ".join(_cell(summary[c]["nvcc_verdicts"]) for c in cols)
-    lines.append(f"| candidate verdicts decided by nvcc (project command) | {nvcc} |")
-    lines += ["", "## Targets (issue 21, shipped model)", ""]
-    for key, target in TARGETS.items():
-        cell = summary["all"][key]
-        met = cell["rate"] is not None and cell["rate"] >= target
-        lines.append(f"- {key}: {_cell(cell)} against >= {100 * target:.0f}%: {'met' if met else 'NOT met'}")
-    lines += ["", "## Holes that were not checkable (or not filled)", ""]
-    lines += [
-        f"- `{r['file']}` line {r['line'] + 1}: {r.get('fill_error') or r['not_checkable_because']}"
-        for r in records
-        if "candidates" not in r
-    ] or ["none"]
-    lines += ["", "## Examples (first checkable holes)", ""]
-    lines += ["| file:line | original | model-top (status) | shown (status) |", "| --- | --- | --- | --- |"]
-    for r in [r for r in records if r["checkable"] and "candidates" in r][:12]:
-        top, shown = r["model_top"], r["shown"]
-        lines.append(
-            f"| `{r['file'].split('/')[-1]}:{r['line'] + 1}` | {_code(r['original'])} | "
-            f"{_code(top and top['text'])} ({top and top['status']}) | "
-            f"{_code(shown and shown['text'])} ({shown and shown['status']}) |"
-        )
-    lines += ["", f"Per-hole records: tiny_heldout_{meta['model_name']}.jsonl and .json."]
-    return "\n".join(lines) + "\n"
-
-
 # ------------------------------------------------------------------------------------------------ main
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from engine.locate import EMBEDDED_MODEL
 
+    data = ROOT / "runs" / "dice-tiny-data"
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--set", choices=(*SETS, "both"), default="realproj", help="which holes (default realproj)"
+    )
     ap.add_argument("--model", type=Path, default=EMBEDDED_MODEL)
-    ap.add_argument("--holes", type=int, default=None, help="holes to sample (default 60; --quick: 6)")
-    ap.add_argument("--candidates", type=int, default=4)
+    ap.add_argument(
+        "--holes",
+        type=int,
+        default=None,
+        help="realproj: holes to sample; heldout-files: checkable holes to find (default 60; --quick: 6)",
+    )
+    ap.add_argument("--candidates", type=int, default=4, help="the service's candidates per hole")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--per-file", type=int, default=3)
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    ap.add_argument("--heldout-files", type=Path, default=data / "heldout_files.jsonl.gz")
+    ap.add_argument("--split", type=Path, default=data / "split.json")
+    ap.add_argument(
+        "--max-sampled", type=int, default=400, help="heldout-files: candidate holes sampled at most"
+    )
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--projects", default="", help="comma-separated parts of project folder names")
     ap.add_argument("--quick", action="store_true", help="6 holes (a smoke run)")
@@ -499,13 +340,31 @@ def load_engine(model: Path, device: str) -> RecordingEngine:
     return RecordingEngine(loaded)
 
 
-async def run_holes(
-    args: argparse.Namespace, root: Path, holes: list[HoleSpec], meta: dict[str, Any]
-) -> None:
-    """Check and fill every hole, appending to the jsonl and rewriting the json/md after each."""
+@dataclasses.dataclass
+class Run:
+    """What every hole of a run shares: the pool, the engine, the base settings, the results so far."""
+
+    args: argparse.Namespace
+    pool: Any
+    recorder: RecordingEngine
+    hole_cut: str
+    settings: Any  # AssistantSettings without a compile database
+    meta: dict[str, Any]
+    stem: str
+    records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def save(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        with (self.args.results / f"{self.stem}.jsonl").open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        self.meta["wall_s"] = time.time() - self.meta["started"]
+        write_results(self.args.results, self.stem, self.meta, self.records)
+
+
+async def run_sets(args: argparse.Namespace, sets: list[HoleSet], meta: dict[str, Any], stem: str) -> None:
+    """Check and fill the holes of every set, appending to the jsonl and rewriting the json/md after each."""
     from dice.assistant import AssistantService
     from dice.assistant.settings import AssistantSettings
-    from dice.assistant.validation import build_options
     from dice.validator import ValidatorPool
     from engine.model_settings import read_hole_cut
 
@@ -513,45 +372,66 @@ async def run_holes(
         model_path=str(args.model),
         candidates=args.candidates,
         max_latency_ms=args.latency_ms,
-        compile_commands=str(root / "compile_commands.json"),
         trusted_workspace=False,
     )
     meta["settings"] = {k: v for k, v in dataclasses.asdict(settings).items() if k != "compile_commands"}
     started = time.perf_counter()
     recorder = load_engine(args.model, args.device)
     meta["load_s"] = round(time.perf_counter() - started, 2)
-    hole_cut = read_hole_cut(args.model)
-    name = meta["model_name"]
-    jsonl = args.results / f"tiny_heldout_{name}.jsonl"
     args.results.mkdir(parents=True, exist_ok=True)
-    jsonl.write_text("")
-    records: list[dict[str, Any]] = []
+    (args.results / f"{stem}.jsonl").write_text("")
     with ValidatorPool(args.workers) as pool:
         meta["validator"] = f"{pool.workers} validator workers"
-        with AssistantService(settings, engine=recorder, validator=pool, workspace_root=str(root)) as service:
+        with AssistantService(settings, engine=recorder, validator=pool) as service:
             meta["model_info"] = service.model_info.describe()
-            build = build_options(settings, str(root))
-            for i, hole in enumerate(holes):
-                record: dict[str, Any] = dataclasses.asdict(hole)
-                record |= await check_hole(pool, root, hole, build)
-                try:
-                    if record["checkable"]:
-                        record |= await fill_hole(service, recorder, root, hole, args.candidates, hole_cut)
-                except Exception as exc:  # noqa: BLE001 - recorded; the hole then counts as not filled
-                    record["fill_error"] = repr(exc)
-                records.append(record)
-                with jsonl.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
-                meta["wall_s"] = time.time() - meta["started"]
-                write_results(args.results, name, meta, records)
-                _progress(i, len(holes), record)
+        run = Run(args, pool, recorder, read_hole_cut(args.model), settings, meta, stem)
+        for hole_set in sets:
+            await run_set(run, hole_set)
     meta["finished"] = True
     meta["wall_s"] = time.time() - meta["started"]
-    write_results(args.results, name, meta, records)
+    write_results(args.results, stem, meta, run.records)
+
+
+async def run_set(run: Run, hs: HoleSet) -> None:
+    """Each hole of ``hs`` in order (until ``hs.stop_after`` are checkable): check it, fill it when it is
+    checkable, through a service whose workspace is the hole's."""
+    from dice.assistant import AssistantService
+    from dice.assistant.validation import build_options
+
+    settings = run.settings.replace(compile_commands=str(hs.compile_commands or ""))
+    file_failures: dict[str, dict[str, Any] | None] = {}
+    checkable = 0
+    for i, hole in enumerate(hs.holes):
+        if hs.stop_after is not None and checkable >= hs.stop_after:
+            break
+        path, workspace = hs.path(hole), str(hs.workspaces[hole.file])
+        build = build_options(settings, workspace)
+        record: dict[str, Any] = {"set": hs.name, **dataclasses.asdict(hole)}
+        if hs.file_precheck and hole.file not in file_failures:
+            file_failures[hole.file] = await check_file(run.pool, path, build)
+        failed = file_failures.get(hole.file)
+        if failed is not None:
+            record |= failed
+            file_failures[hole.file] = {**failed, "check_s": 0.0}  # counted once, on the file's first hole
+        else:
+            record |= await check_hole(run.pool, path, hole, build)
+        checkable += bool(record["checkable"])
+        try:
+            if record["checkable"]:
+                with AssistantService(
+                    settings, engine=run.recorder, validator=run.pool, workspace_root=workspace
+                ) as service:
+                    record |= await fill_hole(
+                        service, run.recorder, path, hole, run.args.candidates, run.hole_cut
+                    )
+        except Exception as exc:  # noqa: BLE001 - recorded; the hole then counts as not filled
+            record["fill_error"] = repr(exc)
+        run.save(record)
+        _progress(i, len(hs.holes), record)
 
 
 def _progress(i: int, n: int, r: dict[str, Any]) -> None:
-    where = f"{r['file'].split('/')[-1]}:{r['line'] + 1}"
+    where = f"{r['set']} {r['file'].split('/')[-1]}:{r['line'] + 1}"
     if "candidates" not in r:
         why = r.get("fill_error") or f"not checkable: {r['not_checkable_because']}"
         print(f"[{i + 1}/{n}] {where} {why}", flush=True)
@@ -565,22 +445,53 @@ def _progress(i: int, n: int, r: dict[str, Any]) -> None:
     )
 
 
+def build_sets(args: argparse.Namespace, tmp: Path) -> list[HoleSet]:
+    """The sets ``--set`` asks for whose data is here (a missing one is skipped, saying why)."""
+    projects = [p for p in args.projects.split(",") if p.strip()]
+    names = SETS if args.set == "both" else (args.set,)
+    sets = []
+    if "realproj" in names:
+        source = args.data / "realproj"
+        if (source / "compile_commands.template.json").is_file():
+            sets.append(
+                realproj_set(source, tmp / "realproj", args.holes, args.seed, args.per_file, projects)
+            )
+        else:
+            print(f"{source} is absent: no realproj holes", file=sys.stderr)
+    if "heldout-files" in names:
+        missing = [str(p) for p in (args.heldout_files, args.split) if not p.is_file()]
+        if missing:
+            print(
+                f"{' and '.join(missing)} absent: no heldout-files holes (`dice train corpus` writes them)",
+                file=sys.stderr,
+            )
+        else:
+            sets.append(
+                heldout_files_set(
+                    args.heldout_files,
+                    args.split,
+                    tmp / "heldout-files",
+                    checkable=args.holes,
+                    max_sampled=args.max_sampled,
+                    seed=args.seed,
+                    per_file=args.per_file,
+                    projects=projects,
+                )
+            )
+    return sets
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    source = args.data / "realproj"
-    if not (source / "compile_commands.template.json").is_file():
-        print(f"{source} is absent", file=sys.stderr)
-        return 2
     args.model = args.model.resolve()
-    projects = [p for p in args.projects.split(",") if p.strip()]
     tmp = Path(tempfile.mkdtemp(prefix="tiny-heldout-"))
     env_before = os.environ.get("DICE_CACHE_DIR")
     os.environ["DICE_CACHE_DIR"] = str(tmp / "cache")  # no verdict or build of an earlier run is reused
     try:
-        root = copy_realproj(source, tmp / "realproj")
-        files = candidate_files(root, projects)
-        holes = sample_holes(root, files, args.holes, args.seed, args.per_file)
-        eligible = sum(len(hole_lines((root / f).read_text(errors="replace"))) for f in files)
+        sets = build_sets(args, tmp)
+        if not sets:
+            return 2
+        stem = STEMS[args.set].format(args.model.name)
         meta = {
             "model_name": args.model.name,
             "model_path": str(args.model),
@@ -591,24 +502,27 @@ def main(argv: list[str] | None = None) -> int:
             "date": time.strftime("%Y-%m-%d %H:%M"),
             "started": time.time(),
             "seed": args.seed,
-            "holes": len(holes),
-            "files": len(files),
-            "hole_lines": eligible,
+            "set": args.set,
+            "group_by": GROUP_BY[args.set],
+            "sets": {hs.name: hs.info for hs in sets},
+            "holes": sum(len(hs.holes) for hs in sets),
             "per_file": args.per_file,
             "candidates": args.candidates,
             "validator": "",
             "model_info": "",
             "finished": False,
         }
-        print(f"{len(holes)} holes from {len(files)} files ({eligible} eligible lines)", flush=True)
-        asyncio.run(run_holes(args, root, holes, meta))
+        for hs in sets:
+            files, lines = hs.info["files"], hs.info["hole_lines"]
+            print(f"{hs.name}: {len(hs.holes)} holes from {files} files ({lines} eligible lines)", flush=True)
+        asyncio.run(run_sets(args, sets, meta, stem))
     finally:
         if env_before is None:
             os.environ.pop("DICE_CACHE_DIR", None)
         else:
             os.environ["DICE_CACHE_DIR"] = env_before
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"results in {args.results}/tiny_heldout_{meta['model_name']}.{{md,json,jsonl}}")
+    print(f"results in {args.results}/{stem}.{{md,json,jsonl}}")
     return 0
 
 
