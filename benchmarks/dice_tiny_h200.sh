@@ -23,20 +23,28 @@ if [[ ${NO_WHEELS:-0} != 1 ]] && ls .whl/*.whl > /dev/null 2>&1; then
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total --format=csv
+
+pack_final() {  # DIR ARCHIVE: DIR as ARCHIVE.part-aa, -ab, ... (15 MB each); here: cat parts | tar xz
+    tar czf - -C "$(dirname "$1")" "$(basename "$1")" | split -b 15M - "$2.part-" && rm -rf "$1"
+    ls -la "$2".part-*
+}
 case "${1:-sft}" in
 sft)
     RUN=$OUT SFT_MINUTES=${SFT_MINUTES:-8} timeout 570 bash scripts/build_dice_tiny.sh train 2>&1 \
         | tee "$OUT/sft.log" | grep -v "━" | tail -40
     rm -rf "$OUT/sft/checkpoints"  # the resumable state: not needed back here
+    # At most 8 files of <= 16 MiB come back: final/ (19 MB of weights) travels as one archive in parts.
+    pack_final "$OUT/sft/final" "$OUT/sft_final.tgz"
     ;;
 rl)
     mkdir -p runs/dice-tiny && [[ -d runs/dice-tiny/sft/final ]] || { echo "carry runs/dice-tiny/sft/final" && exit 2; }
     mkdir -p "$OUT/sft" && cp -r runs/dice-tiny/sft/final "$OUT/sft/final"
-    RUN=$OUT timeout 570 bash scripts/build_dice_tiny.sh rl 2>&1 | tee "$OUT/rl.log" | tail -60
+    RUN=$OUT timeout "${RL_TIMEOUT:-570}" bash scripts/build_dice_tiny.sh rl 2>&1 | tee "$OUT/rl.log" | tail -60
+    [[ -d $OUT/rl/final ]] && pack_final "$OUT/rl/final" "$OUT/rl_final.tgz"
     # a run cut by the time limit leaves its last checkpoint (--save-every 4; `dice train rl --resume` in a
     # next call goes on from it); a finished one needs only final/ back here
     [[ -d $OUT/rl/final ]] && rm -rf "$OUT/rl/checkpoints"
-    rm -rf "$OUT/sft"
+    rm -rf "$OUT/sft" "$OUT/rl/schedule.jsonl"  # (8 files come back at most)
     ;;
 esac

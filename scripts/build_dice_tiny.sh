@@ -32,7 +32,7 @@ stage=${1:-all}
 # whichever comes first, its cosine LR decaying over that same budget (--lr-schedule time).
 SFT_STEPS=${SFT_STEPS:-12000}
 SFT_MINUTES=${SFT_MINUTES:-9}
-RL_STEPS=${RL_STEPS:-16}
+RL_STEPS=${RL_STEPS:-5}  # ~90 s a step on one H200 (benchmarks/results/dice_tiny_realcode_h200.md)
 RL_TASKS=${RL_TASKS_PER_STEP:-64}
 SEQ_LEN=${SEQ_LEN:-3072}
 EVAL_HOLES=${EVAL_HOLES:-60}

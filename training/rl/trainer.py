@@ -133,6 +133,10 @@ class RLTrainer:
             from training.objective import compile_layers
 
             compile_layers(self.policy.model)
+            if self.ref_model is not None:
+                # uncompiled, its flex_attention runs unfused (the whole score matrix materialised: seen
+                # on the H200 with --kl-mode ref)
+                compile_layers(self.ref_model)
         self.policy, self.optimizer = self.accelerator.prepare(self.policy, self.optimizer)
         if self.ref_model is not None:
             self.ref_model.to(self.accelerator.device)
