@@ -19,7 +19,7 @@ from dice.cuda_source.document import (
 )
 from dice.cuda_source.positions import Position, PositionIndex, Range, encode_text, utf16_length
 from dice.cuda_source.splice import SpliceResult, TextEdit, splice
-from dice.cuda_source.window import line_aligned_span, trim_context
+from dice.cuda_source.window import hole_context, line_aligned_span, trim_context
 
 __all__ = [
     "CudaDocument",
@@ -37,6 +37,7 @@ __all__ = [
     "encode_text",
     "extract_device_code",
     "function_at",
+    "hole_context",
     "line_aligned_span",
     "parse_bytes",
     "parse_document",

@@ -56,6 +56,17 @@ def trim_context(
     return tail_at_line(before, share_before), head_at_line(after, share_after)
 
 
+def hole_context(
+    data: bytes, start: int, end: int, function: tuple[int, int] | None, budget: int, weight: int = 2
+) -> tuple[bytes, bytes]:
+    """The text before and after the hole ``data[start:end]``, trimmed by :func:`trim_context` to
+    ``weight * len(before) + len(after) <= budget``, ``function`` (the enclosing function's byte span, if
+    any) kept whole when it fits: a hole's prompt context for a file with nothing cut out of it."""
+    fstart, fend = function if function is not None else (start, end)
+    keep_before, keep_after = min(fstart, start), max(fend, end) - end
+    return trim_context(data[:start], data[end:], max(0, budget), keep_before, keep_after, weight)
+
+
 def tail_at_line(data: bytes, size: int) -> bytes:
     """At most the last ``size`` bytes of ``data``, starting at a line start (else at a whole character)."""
     if size >= len(data):
@@ -87,4 +98,4 @@ def _valid_utf8_tail(data: bytes) -> bytes:
     return data[i:]
 
 
-__all__ = ["head_at_line", "line_aligned_span", "tail_at_line", "trim_context"]
+__all__ = ["head_at_line", "hole_context", "line_aligned_span", "tail_at_line", "trim_context"]

@@ -155,15 +155,13 @@ def pick_holes(
 
 def window(data: bytes, hole: Hole, budget: int, prefix_weight: int = 2) -> tuple[str, str, str]:
     """(prefix, middle, suffix) of ``hole``, the text around it trimmed as the assistant trims a prompt's
-    (``trim_context``, the enclosing function kept whole when it fits): ``prefix_weight * len(prefix) +
-    len(suffix) <= budget`` in UTF-8 bytes."""
-    from dice.cuda_source import trim_context
+    (``dice.cuda_source.hole_context``: the enclosing function kept whole when it fits), so that
+    ``prefix_weight * len(prefix) + len(suffix) <= budget`` in UTF-8 bytes."""
+    from dice.cuda_source import hole_context
     from dice.cuda_source.positions import decode_bytes
 
-    before, after = data[: hole.start], data[hole.end :]
-    before, after = trim_context(
-        before, after, max(0, budget), hole.fn_start, hole.fn_end - hole.end, prefix_weight
-    )
+    span = (hole.fn_start, hole.fn_end)
+    before, after = hole_context(data, hole.start, hole.end, span, budget, prefix_weight)
     return decode_bytes(before), decode_bytes(data[hole.start : hole.end]), decode_bytes(after)
 
 

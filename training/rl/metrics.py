@@ -77,7 +77,7 @@ def step_sums(scores: list, stats: Any, groups: Any, update: dict) -> list[float
         sum(sc.reward**2 for sc in flat),
         sum(sc.passed for sc in flat),
         sum(compiled(sc) for sc in flat),
-        sum(getattr(sc, "exact", False) for sc in flat),
+        sum(sc.exact for sc in flat),
         groups.kept,
         groups.dropped,
         stats.tokens,

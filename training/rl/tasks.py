@@ -143,16 +143,10 @@ def _plan(kind: str, rec: dict[str, Any], cut: CuCut | None) -> InfillPlan | Non
     return None
 
 
-def split_mask(text: str) -> tuple[str, str]:
-    """The text before and after a ``.cu`` task's one mask comment."""
-    at = text.index(MASK)
-    return text[:at], text[at + len(MASK) :]
-
-
 def cu_cut(text: str, prompting: CuPrompting = CuPrompting()) -> CuCut:
     """The file of a ``.cu`` task (``text`` holding one mask) cut around its hole as ``prompting`` says:
     the assistant's cut of the same mask (``dice.assistant.prompting.build_infill_request``)."""
-    from dice.cuda_source import line_aligned_span, parse_document, trim_context
+    from dice.cuda_source import hole_context, line_aligned_span, parse_document
     from dice.cuda_source.positions import decode_bytes
 
     doc = parse_document(text)
@@ -163,11 +157,9 @@ def cu_cut(text: str, prompting: CuPrompting = CuPrompting()) -> CuCut:
     before, after = data[:lo], data[hi:]
     file_prefix, file_suffix = decode_bytes(before), decode_bytes(after)
     if prompting.window_bytes is not None:
-        # before[keep_before:] and after[:keep_after]: the enclosing function, kept whole when it fits
-        fstart = mask.function_start_byte if mask.function_start_byte is not None else lo
-        fend = mask.function_end_byte if mask.function_end_byte is not None else hi
-        keep_before, keep_after = min(fstart, lo), max(fend, hi) - hi
-        before, after = trim_context(before, after, prompting.window_bytes, keep_before, keep_after, 2)
+        fstart, fend = mask.function_start_byte, mask.function_end_byte
+        function = (fstart, fend) if fstart is not None and fend is not None else None
+        before, after = hole_context(data, lo, hi, function, prompting.window_bytes, 2)
     return CuCut(file_prefix, file_suffix, decode_bytes(before), decode_bytes(after), span is not None)
 
 
