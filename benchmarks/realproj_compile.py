@@ -204,12 +204,12 @@ def _record(job: dict[str, Any], v: Any, seconds: float, mode: str) -> dict[str,
     }
 
 
-def _rate(records: list[dict[str, Any]], ok: Any) -> dict[str, Any]:
+def rate(records: list[dict[str, Any]], ok: Any) -> dict[str, Any]:
     hits = sum(1 for r in records if ok(r))
     return {"n": len(records), "hits": hits, "rate": round(hits / len(records), 3) if records else None}
 
 
-def _times(values: list[float]) -> dict[str, Any]:
+def time_summary(values: list[float]) -> dict[str, Any]:
     if not values:
         return {"n": 0}
     values = sorted(values)
@@ -227,20 +227,20 @@ def summarise(records: list[dict[str, Any]], mode: str) -> dict[str, Any]:
     garbage = pick(None, "garbage")
     false_ok = [r for r in garbage if r["status"] == "compiled"]
     return {
-        "unmodified_tus_compiled": _rate(pick("tu", "unmodified"), lambda r: r["status"] == "compiled"),
-        "unmodified_headers_compiled": _rate(
+        "unmodified_tus_compiled": rate(pick("tu", "unmodified"), lambda r: r["status"] == "compiled"),
+        "unmodified_headers_compiled": rate(
             pick("header", "unmodified"), lambda r: r["status"] == "compiled"
         ),
-        "headers_with_borrowed_command": _rate(pick("header", "unmodified"), lambda r: r["borrowed"]),
-        "original_statement_compiled": _rate(pick(None, "original"), lambda r: r["status"] == "compiled"),
-        "garbage_caught": _rate(garbage, lambda r: r["status"] == "compile_error"),
-        "garbage_error_on_its_line": _rate(garbage, lambda r: r["right_line"]),
-        "garbage_passed_as_compiled": _rate(garbage, lambda r: r["status"] == "compiled"),
-        "false_ok_marked_unchecked": _rate(false_ok, lambda r: r["in_unchecked"]),
-        "time_cold": _times([r["seconds"] for r in rs if r["check"] == "unmodified"]),
-        "time_fill": _times([r["seconds"] for r in rs if r["check"] in ("original", "garbage")]),
-        "time_warm": _times([r["seconds"] for r in rs if r["check"] == "warm"]),
-        "warm_cache_hits": _rate(pick(None, "warm"), lambda r: r["cached"]),
+        "headers_with_borrowed_command": rate(pick("header", "unmodified"), lambda r: r["borrowed"]),
+        "original_statement_compiled": rate(pick(None, "original"), lambda r: r["status"] == "compiled"),
+        "garbage_caught": rate(garbage, lambda r: r["status"] == "compile_error"),
+        "garbage_error_on_its_line": rate(garbage, lambda r: r["right_line"]),
+        "garbage_passed_as_compiled": rate(garbage, lambda r: r["status"] == "compiled"),
+        "false_ok_marked_unchecked": rate(false_ok, lambda r: r["in_unchecked"]),
+        "time_cold": time_summary([r["seconds"] for r in rs if r["check"] == "unmodified"]),
+        "time_fill": time_summary([r["seconds"] for r in rs if r["check"] in ("original", "garbage")]),
+        "time_warm": time_summary([r["seconds"] for r in rs if r["check"] == "warm"]),
+        "warm_cache_hits": rate(pick(None, "warm"), lambda r: r["cached"]),
     }
 
 

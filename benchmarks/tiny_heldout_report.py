@@ -5,26 +5,14 @@ every hole."""
 from __future__ import annotations
 
 import json
-import statistics
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from realproj_compile import rate, time_summary  # benchmarks/ is on sys.path (tiny_heldout.py puts it there)
+
 TARGETS = {"shown_compiles": 0.5, "shown_exact": 0.2}  # issue 21, for the shipped model
 NOT_LISTED_AFTER = 60  # lines of the not-checkable list in the markdown (all of them are in the .jsonl)
-
-
-def _rate(rs: list[dict[str, Any]], ok: Any) -> dict[str, Any]:
-    hits = sum(1 for r in rs if ok(r))
-    return {"n": len(rs), "hits": hits, "rate": round(hits / len(rs), 3) if rs else None}
-
-
-def _times(values: list[float]) -> dict[str, Any]:
-    if not values:
-        return {"n": 0}
-    values = sorted(values)
-    p90 = values[min(len(values) - 1, int(0.9 * len(values)))]
-    return {"n": len(values), "median_s": round(statistics.median(values), 2), "p90_s": round(p90, 2)}
 
 
 def _of(key: str, field: str) -> Any:
@@ -70,12 +58,12 @@ def summarise(records: list[dict[str, Any]], by: str | None = "project") -> dict
             "filled": len(done),
         }
         for _, key, ok in METRICS:
-            row[key] = _rate(done, ok)
+            row[key] = rate(done, ok)
         for _, key in TIMES:
-            row[key] = _times([r[key] for r in done])
+            row[key] = time_summary([r[key] for r in done])
         cands = [c for r in done for c in r["candidates"]]
         for key, checker, _ in CHECKERS:
-            row[key] = _rate(cands, lambda c, checker=checker: c["checker"] == checker)
+            row[key] = rate(cands, lambda c, checker=checker: c["checker"] == checker)
         out[str(name)] = row
     return out
 

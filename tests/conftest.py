@@ -33,6 +33,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture
+def single_threaded_torch():
+    """Tiny CPU models: intra-op threads only add contention (20x slower on a loaded 2-core runner)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def find_shared_data() -> Path | None:
     """The ../shared/data folder beside the checkout (or $DICE_SHARED_DATA), or None when absent."""
     env = os.environ.get("DICE_SHARED_DATA")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 # NVLink multicast must stay off on the shared multi-GPU hosts (device README): set before NCCL starts.
 NCCL_SAFE_ENV = {
@@ -17,8 +18,24 @@ NCCL_SAFE_ENV = {
 }
 
 
+_C = TypeVar("_C", bound="CliConfig")
+
+
+class CliConfig:
+    """A config dataclass that is also a command's flags: one ``--kebab-case`` option per field
+    (:func:`add_dataclass_arguments`), and the config back from the parsed namespace."""
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        add_dataclass_arguments(cls, parser)
+
+    @classmethod
+    def from_args(cls: type[_C], args: argparse.Namespace) -> _C:
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+
+
 @dataclass
-class SFTConfig:
+class SFTConfig(CliConfig):
     """Every flag of ``dice train sft`` (``--kebab-case``), saved with every checkpoint."""
 
     data: str = field(
@@ -106,14 +123,6 @@ class SFTConfig:
     max_shard_mb: int = field(
         default=0, metadata={"help": "shard exported weights above this size (0 = one file)"}
     )
-
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        add_dataclass_arguments(cls, parser)
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> SFTConfig:
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
     def validate(self) -> None:
         if (self.model is None) == (self.init_config is None):

@@ -6,11 +6,12 @@ checkpoint (``rl_config.json``) and in ``OUT/config.json`` (the resolved config 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from training.config import CliConfig
 
 PHASES = ("infill", "e2e")
 # DICE's step counts per phase (stage 1: 20 steps of infilling, stage 2: 100 steps end to end).
@@ -24,7 +25,7 @@ def _flag(name: str) -> str:
 
 
 @dataclass
-class RLConfig:
+class RLConfig(CliConfig):
     """Every flag of ``dice train rl`` (``--kebab-case``); DICE's values are the defaults."""
 
     phase: str = field(metadata={"help": "infill (stage 1) or e2e (stage 2, from stage 1's out/final)"})
@@ -184,17 +185,6 @@ class RLConfig:
     max_shard_mb: int = field(
         default=0, metadata={"help": "shard exported weights above this size (0 = one file)"}
     )
-
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """One ``--kebab-case`` option per field; required fields are required options."""
-        from training.config import add_dataclass_arguments
-
-        add_dataclass_arguments(cls, parser)
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> RLConfig:
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
     @classmethod
     def from_json(cls, path: str | Path) -> RLConfig:

@@ -28,13 +28,7 @@ SAMPLE_A = TraceSample(list(range(1, 7)), list(range(7, 13)), [2, 1, 3, 3, 4, 5]
 SAMPLE_B = TraceSample(list(range(1, 9)), [9, 10, 11], [1, 1, 2], -1.0)
 
 
-@pytest.fixture(autouse=True)
-def _single_threaded_torch():
-    """Tiny CPU models: intra-op threads only add contention on a shared 2-core runner."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("single_threaded_torch")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
