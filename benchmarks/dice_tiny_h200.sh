@@ -41,10 +41,12 @@ rl)
     mkdir -p runs/dice-tiny && [[ -d runs/dice-tiny/sft/final ]] || { echo "carry runs/dice-tiny/sft/final" && exit 2; }
     mkdir -p "$OUT/sft" && cp -r runs/dice-tiny/sft/final "$OUT/sft/final"
     RUN=$OUT timeout "${RL_TIMEOUT:-570}" bash scripts/build_dice_tiny.sh rl 2>&1 | tee "$OUT/rl.log" | tail -60
-    [[ -d $OUT/rl/final ]] && pack_final "$OUT/rl/final" "$OUT/rl_final.tgz"
-    # a run cut by the time limit leaves its last checkpoint (--save-every 4; `dice train rl --resume` in a
-    # next call goes on from it); a finished one needs only final/ back here
-    [[ -d $OUT/rl/final ]] && rm -rf "$OUT/rl/checkpoints"
+    # a finished run needs only final/ back here (as an archive); one cut by the time limit leaves its last
+    # checkpoint (--save-every 4) on the device only: too large and too many files to come back
+    if [[ -d $OUT/rl/final ]]; then
+        pack_final "$OUT/rl/final" "$OUT/rl_final.tgz"
+    fi
+    rm -rf "$OUT/rl/checkpoints"
     rm -rf "$OUT/sft" "$OUT/rl/schedule.jsonl"  # (8 files come back at most)
     ;;
 esac
