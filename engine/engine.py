@@ -91,9 +91,12 @@ class Engine:
         self.dtype = model.lm_head.weight.dtype
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda"
-        # kernels=None: off until the Triton step has been measured on a GPU (issue 17: written and checked
-        # under Triton's interpreter on the CPU; no GPU was lent to the session that wrote it). Turning it
-        # on by default is one line here once engine_bench.py shows it faster and equal.
+        # kernels=None: the Triton step (engine.fast_forward) wherever it runs: inside CUDA graphs, bf16/fp16
+        # weights, not asked to torch.compile instead. On the H200 it took the 8B-shape step from 7.50 to
+        # 5.48 ms and the 1.7B's from 3.68 to 1.97 ms (benchmarks/results/engine_h200.md); the compiled
+        # graph gained far less (7.37 / 3.46 ms) after minutes of compiling, so compile stays opt-in.
+        if kernels is None:
+            kernels = bool(cuda_graphs) and not compile and fast_kernels_unavailable(model) is None
         kernels = bool(kernels)
         if kernels and not cuda_graphs:
             raise ValueError("the fast kernels run inside CUDA graphs (cuda_graphs=True)")

@@ -25,7 +25,10 @@ keeps its eager and graph paths. ``TRITON_INTERPRET=1`` runs these kernels on th
 from __future__ import annotations
 
 import functools
+import json
 import os
+import re
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -59,23 +62,31 @@ if triton is not None:
         w_ptr,
         out_ptr,
         res_ptr,
+        g_ptr,
+        ss_ptr,
         M,
         N,
+        K,
         stride_xm,
         stride_wn,
         stride_om,
         stride_os,
         stride_rm,
         K_SPLIT,
+        eps,
         BM: tl.constexpr,
         BN: tl.constexpr,
         BK: tl.constexpr,
         PARTIAL: tl.constexpr,
         GATED: tl.constexpr,
         RESIDUAL: tl.constexpr,
+        NORM: tl.constexpr,
     ):
         """One (BN columns, K_SPLIT of K) tile. GATED: columns n of the gate half and of the up half (N
-        apart) give silu(g) * u. PARTIAL: float32 partial sums at out[pid_s] (reduced by _reduce_kernel)."""
+        apart) give silu(g) * u. PARTIAL: float32 partial sums at out[pid_s] (reduced by _reduce_kernel).
+        NORM: x is RMS-normed on the way in (RMSNorm with gain g, the norm kernel before the product fused
+        away): the product runs on x * g, and the rows' 1 / rms, which needs all of K, scales the sums at
+        the end (PARTIAL: each split's sum of squares goes to ss[pid_s] for the reduce kernel)."""
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
         rm = tl.arange(0, BM)
@@ -86,10 +97,17 @@ if triton is not None:
         mask_n = rn[:, None] < N
         x_ptrs = x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :]
         w_ptrs = w_ptr + rn[:, None] * stride_wn + (k0 + rk)[None, :]
+        g_ptrs = g_ptr + k0 + rk
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc_up = tl.zeros((BM, BN), dtype=tl.float32)
+        ss = tl.zeros((BM,), dtype=tl.float32)
         for _ in range(0, K_SPLIT, BK):
             x = tl.load(x_ptrs, mask=mask_m, other=0.0)
+            if NORM:
+                xf = x.to(tl.float32)
+                ss += tl.sum(xf * xf, 1)
+                x = (xf * tl.load(g_ptrs).to(tl.float32)[None, :]).to(x_ptr.dtype.element_ty)
+                g_ptrs += BK
             w = tl.load(w_ptrs, mask=mask_n, other=0.0)
             acc = tl.dot(x, tl.trans(w), acc)
             if GATED:
@@ -101,7 +119,13 @@ if triton is not None:
         out_mask = mask_m & (rn_row < N)
         if PARTIAL:
             tl.store(out_ptr + pid_s * stride_os + rm[:, None] * stride_om + rn_row, acc, mask=out_mask)
+            if NORM:  # every column tile computed the same sums: the first one stores them
+                tl.store(ss_ptr + pid_s * BM + rm, ss, mask=rm + pid_n * BM < BM)
         else:
+            if NORM:
+                rstd = 1.0 / tl.sqrt(ss / K + eps)
+                acc = acc * rstd[:, None]
+                acc_up = acc_up * rstd[:, None]
             dtype = out_ptr.dtype.element_ty
             if GATED:  # as eager: silu(gate) and up rounded to the activations' dtype, then their product
                 g = acc.to(dtype).to(tl.float32)
@@ -116,40 +140,100 @@ if triton is not None:
 
     @triton.jit
     def _reduce_kernel(
-        part_ptr, out_ptr, res_ptr, total, N, stride_om, stride_rm, SPLIT: tl.constexpr,
-        RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+        part_ptr, out_ptr, res_ptr, ss_ptr, total, N, K, stride_om, stride_rm, eps, SPLIT: tl.constexpr,
+        RESIDUAL: tl.constexpr, NORM: tl.constexpr, BM: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
-        """out[m, n] = sum over splits of part[s, m, n] (+ residual), in the output's dtype."""
+        """out[m, n] = sum over splits of part[s, m, n] (NORM: times row m's 1 / rms from the splits' sums
+        of squares) (+ residual), in the output's dtype."""
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < total
-        acc = tl.zeros((BLOCK,), dtype=tl.float32)
-        for s in range(SPLIT):
-            acc += tl.load(part_ptr + s * total + offs, mask=mask, other=0.0)
-        dtype = out_ptr.dtype.element_ty
-        y = acc.to(dtype).to(tl.float32)
         m = offs // N
         n = offs % N
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        ss = tl.zeros((BLOCK,), dtype=tl.float32)
+        for s in range(SPLIT):
+            acc += tl.load(part_ptr + s * total + offs, mask=mask, other=0.0)
+            if NORM:
+                ss += tl.load(ss_ptr + s * BM + m, mask=mask, other=0.0)
+        if NORM:
+            acc = acc / tl.sqrt(ss / K + eps)
+        dtype = out_ptr.dtype.element_ty
+        y = acc.to(dtype).to(tl.float32)
         if RESIDUAL:
             y += tl.load(res_ptr + m * stride_rm + n, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + m * stride_om + n, y.to(dtype), mask=mask)
 
 
-@functools.lru_cache(maxsize=256)
-def skinny_config(n: int, k: int, gated: bool = False) -> tuple[int, int, int, int, int]:
-    """(BN, BK, split, num_warps, num_stages) for an (n, k) weight.
+CONFIG_DIR = Path(__file__).parent / "kernel_configs"
 
-    The aim is enough programs for every SM to stream weights (a few hundred) with each program reading a
-    long contiguous run of its rows; a split of K is paid with a second, small kernel, so it is used only
-    when the columns alone give too few programs. Chosen from the H200 sweep in
-    ``benchmarks/results/engine_kernels_h200.md`` (``benchmarks/engine_kernels.py``).
+
+def device_key(name: str) -> str:
+    """The file stem of a device's tuned-config table: ``NVIDIA H200`` -> ``NVIDIA_H200``."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")
+
+
+def rows_bucket(rows: int) -> int:
+    """The row counts the tables are tuned for: a step of 4 tokens, an 8-token first step, up to 16."""
+    return 4 if rows <= 4 else (8 if rows <= 8 else 16)
+
+
+def table_key(n: int, k: int, gated: bool, rows: int) -> str:
+    return f"{n}x{k}x{'gated' if gated else 'linear'}x{rows_bucket(rows)}"
+
+
+@functools.lru_cache(maxsize=8)
+def config_table(device_name: str) -> dict[str, tuple[int, int, int, int, int]]:
+    """The tuned (BN, BK, split, warps, stages) per ``table_key`` for a device, {} where none was measured.
+
+    Like vLLM's per-GPU fused-MoE tables: the best tile config depends on the chip, so it is measured on it
+    (``benchmarks/engine_kernels.py --write-configs``: CUDA-graph timing of every config, weights rotated past
+    the L2) and looked up here; shapes or chips without a table use the heuristic."""
+    path = CONFIG_DIR / f"{device_key(device_name)}.json"
+    try:
+        data = json.loads(path.read_text())
+        return {key: tuple(int(v) for v in cfg) for key, cfg in data["skinny"].items()}  # type: ignore[misc]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+@functools.lru_cache(maxsize=512)
+def skinny_config(
+    n: int, k: int, gated: bool = False, rows: int = 4, device_name: str = ""
+) -> tuple[int, int, int, int, int]:
+    """(BN, BK, split, num_warps, num_stages) for an (n, k) weight times ``rows`` rows.
+
+    The device's measured table first (``config_table``). Otherwise a heuristic: enough programs for every
+    SM to stream weights (a few hundred) with each program reading a long contiguous run of its rows; a
+    split of K is paid with a second, small kernel, so it is used only when the columns alone give too few
+    programs.
     """
+    tuned = config_table(device_name).get(table_key(n, k, gated, rows)) if device_name else None
+    if tuned is not None and k % (tuned[1] * tuned[2]) == 0 and not (gated and tuned[2] > 1):
+        return tuned
     bn = 32 if n >= 8192 and not gated else 16
     bk = 256 if k % 256 == 0 else (128 if k % 128 == 0 else 64)
     tiles = -(-n // bn)
     split = 1
-    while tiles * split < 264 and k % (bk * split * 2) == 0 and k // (split * 2) >= 1024:
+    while not gated and tiles * split < 264 and k % (bk * split * 2) == 0 and k // (split * 2) >= 1024:
         split *= 2
     return bn, bk, split, 4, 4
+
+
+@functools.lru_cache(maxsize=16)
+def _cuda_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def _device_name(device: torch.device) -> str:
+    """The name the tuned tables are keyed by ("" off CUDA: the interpreter uses the heuristic)."""
+    if device.type != "cuda":
+        return ""
+    return _cuda_name(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _rows(x: Tensor) -> Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
 def skinny_linear(
@@ -157,35 +241,39 @@ def skinny_linear(
     weight: Tensor,
     residual: Tensor | None = None,
     *,
+    norm_weight: Tensor | None = None,
+    eps: float = 1e-6,
     config: tuple[int, int, int, int, int] | None = None,
 ) -> Tensor:
-    """x (..., K) @ weight (N, K)^T (+ residual (..., N)), for at most MAX_ROWS rows of x."""
+    """x (..., K) @ weight (N, K)^T (+ residual (..., N)), for at most MAX_ROWS rows of x. With
+    ``norm_weight``: rms_norm(x, norm_weight, eps) @ weight^T, the norm fused into the product."""
     k = x.shape[-1]
     n = weight.shape[0]
-    x2 = x.reshape(-1, k)
+    x2 = _rows(x)
     m = x2.shape[0]
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     res = None if residual is None else residual.reshape(m, n)
-    _launch(x2, weight, out, res, n, config or skinny_config(n, k), gated=False)
+    cfg = config or skinny_config(n, k, False, m, _device_name(x.device))
+    _launch(x2, weight, out, res, n, cfg, gated=False, norm_weight=norm_weight, eps=eps)
     return out.reshape(*x.shape[:-1], n)
 
 
-def skinny_gate_up(x: Tensor, gate_up: Tensor, *, config=None) -> Tensor:
-    """silu(x @ gate^T) * (x @ up^T) with gate_up = cat([gate, up]) (2I, K): one kernel, no split."""
+def skinny_gate_up(
+    x: Tensor, gate_up: Tensor, *, norm_weight: Tensor | None = None, eps: float = 1e-6, config=None
+) -> Tensor:
+    """silu(x @ gate^T) * (x @ up^T) with gate_up = cat([gate, up]) (2I, K): one kernel, no split. With
+    ``norm_weight``: x RMS-normed first, in the same kernel."""
     k = x.shape[-1]
     n = gate_up.shape[0] // 2
-    x2 = x.reshape(-1, k)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = _rows(x)
     out = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
-    bn, bk, _, warps, stages = config or skinny_config(n, k, gated=True)
-    _launch(x2, gate_up, out, None, n, (bn, bk, 1, warps, stages), gated=True)
+    bn, bk, _, warps, stages = config or skinny_config(n, k, True, x2.shape[0], _device_name(x.device))
+    _launch(x2, gate_up, out, None, n, (bn, bk, 1, warps, stages), gated=True, norm_weight=norm_weight,
+            eps=eps)  # fmt: skip
     return out.reshape(*x.shape[:-1], n)
 
 
-def _launch(x2, weight, out, res, n, config, *, gated: bool) -> None:
+def _launch(x2, weight, out, res, n, config, *, gated: bool, norm_weight=None, eps: float = 1e-6) -> None:
     m, k = x2.shape
     if m > MAX_ROWS:
         raise ValueError(f"skinny kernels take at most {MAX_ROWS} rows, got {m}")
@@ -194,24 +282,30 @@ def _launch(x2, weight, out, res, n, config, *, gated: bool) -> None:
     bn, bk, split, warps, stages = config
     if k % (bk * split):
         raise ValueError(f"K={k} is not a multiple of BK x split = {bk * split}")
+    norm = norm_weight is not None
+    if norm and (norm_weight.shape != (k,) or norm_weight.stride(-1) != 1):
+        raise ValueError(f"the norm weight must be a contiguous ({k},) vector")
+    g = norm_weight if norm else x2
     tiles = triton.cdiv(n, bn)
-    kw = dict(BM=16, BN=bn, BK=bk, GATED=gated, num_warps=warps, num_stages=stages)
+    kw = dict(BM=MAX_ROWS, BN=bn, BK=bk, GATED=gated, NORM=norm, num_warps=warps, num_stages=stages)
     if split == 1:
         _skinny_kernel[(tiles, 1)](
-            x2, weight, out, res if res is not None else out, m, n, x2.stride(0), weight.stride(0),
-            out.stride(0), 0, res.stride(0) if res is not None else 0, k,
+            x2, weight, out, res if res is not None else out, g, out, m, n, k, x2.stride(0),
+            weight.stride(0), out.stride(0), 0, res.stride(0) if res is not None else 0, k, eps,
             PARTIAL=False, RESIDUAL=res is not None, **kw,
         )  # fmt: skip
         return
     part = torch.empty(split, m, n, dtype=torch.float32, device=x2.device)
+    ss = torch.empty(split, MAX_ROWS, dtype=torch.float32, device=x2.device) if norm else part
     _skinny_kernel[(tiles, split)](
-        x2, weight, part, part, m, n, x2.stride(0), weight.stride(0), n, m * n, 0, k // split,
-        PARTIAL=True, RESIDUAL=False, **kw,
+        x2, weight, part, part, g, ss, m, n, k, x2.stride(0), weight.stride(0), n, m * n, 0, k // split,
+        eps, PARTIAL=True, RESIDUAL=False, **kw,
     )  # fmt: skip
     total = m * n
     _reduce_kernel[(triton.cdiv(total, 1024),)](
-        part, out, res if res is not None else out, total, n, out.stride(0),
-        res.stride(0) if res is not None else 0, SPLIT=split, RESIDUAL=res is not None, BLOCK=1024,
+        part, out, res if res is not None else out, ss, total, n, k, out.stride(0),
+        res.stride(0) if res is not None else 0, eps, SPLIT=split, RESIDUAL=res is not None, NORM=norm,
+        BM=MAX_ROWS, BLOCK=1024,
     )  # fmt: skip
 
 

@@ -132,6 +132,15 @@ def test_triton_kernels_generate_as_eager_on_dice_tiny():
     assert same >= 0.9 * total
 
 
+def test_the_fast_path_is_the_default_for_half_precision_graphs(tiny_ckpt, tmp_path):
+    folder = _wide_checkpoint(tiny_ckpt, tmp_path)
+    assert load_engine(folder, device="cuda", dtype=torch.bfloat16).runner.kernels
+    assert not load_engine(folder, device="cuda", dtype=torch.float32).runner.kernels  # exact fp32 stays
+    assert not load_engine(folder, device="cuda", dtype=torch.bfloat16, compile=True).runner.kernels
+    eager = load_engine(folder, device="cuda", dtype=torch.bfloat16, cuda_graphs=False)
+    assert not getattr(eager.runner, "kernels", False)
+
+
 def test_compiled_graph_path_runs_and_equals_eager(tiny_ckpt, tmp_path):
     """torch.compile inside the captured graph (traced under no_grad: with autograd on, AOTAutograd failed
     on the in-place cache write) gives the eager path's generations in float32."""
