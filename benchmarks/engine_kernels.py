@@ -1,20 +1,29 @@
 """The fast step's kernels on one GPU: tile sweep of the skinny products, and a kernel-by-kernel profile.
 
-(1) For every weight of the 1.7B / 4B / 8B shapes (q/k/v, o, gate/up, down, lm_head) at 4 and 8 rows: cuBLAS
-    (F.linear) against ``engine.triton_kernels`` over a grid of tiles, splits, warps and stages; the best
-    config, its time and bandwidth (weight bytes / time), and the heuristic's choice (``skinny_config``).
-    Rotates among several weight copies so that the 60 MB L2 does not hold the weight between calls.
+(1) For every weight of the 1.7B and 8B shapes (q/k/v, o, gate/up, down, lm_head) at 4 and 8 rows (the
+    engine's step and first step at batch 1): cuBLAS (F.linear) against ``engine.triton_kernels`` over a
+    grid of tiles, splits, warps and stages, timed as the engine runs them: R consecutive calls captured in
+    one CUDA graph, each on another weight copy (> 200 MB in all, so the L2 holds none of them), replays
+    timed with CUDA events, median / R. Each weight in the variant the fast forward runs (RMSNorm fused
+    before q/k/v, gate/up and lm_head; the residual add after o and down). Every config is checked against
+    a float32 product first; configs the compiler refuses are skipped. The kernel binaries (~170) are
+    compiled first, in parallel processes. Per shape: the best config, the heuristic's (``skinny_config``
+    without a table), cuBLAS (F.linear; and the whole torch path, with the norm or residual kernels), and
+    the one chosen for the table: the best only where it beats the heuristic by more than 3 % (the noise).
+    ``--write-configs`` writes those into ``engine/kernel_configs/<gpu>.json`` (``skinny_config`` reads
+    it) and a copy into --out.
 (2) One denoising step (batch 1, 512-token prompt, 4 tokens) at the 1.7B and 8B shapes under
     torch.profiler: GPU time per kernel, for the eager forward and the fast forward (what the CUDA graph
-    replays, less the launch gaps).
+    replays, less the launch gaps), with the configs of the table where one exists.
 
-    python benchmarks/engine_kernels.py --out /tmp/k            # on the GPU (~3 min)
-    python benchmarks/engine_kernels.py --smoke-cpu --out /tmp/k   # the script itself, interpreter, tiny
+    python benchmarks/engine_kernels.py --out /tmp/k --write-configs   # on the GPU (sweep ~1-2 min)
+    python benchmarks/engine_kernels.py --smoke-cpu --out /tmp/k       # the script itself, interpreter, tiny
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -47,92 +56,311 @@ def weights(name: str) -> dict[str, tuple[int, int, bool]]:
     }
 
 
-def bench(fn, dev: str, reps: int = 50) -> float:
-    """Median seconds per call: CUDA events over graph-free calls (host clock on the CPU smoke run)."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        if dev == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-    return statistics.median(times)
+GRID = list(itertools.product((16, 32, 64), (128, 256, 512), (1, 2, 4, 8), (4, 8), (1, 4)))
+ROWS = (4, 8)  # the engine's rows: a step of 4 tokens, a block's 8-token first step (batch 1)
+ROTATE_BYTES = 200e6  # weight copies per shape: > 4x the H200's 50 MB L2, so no call finds its weight there
+MIN_GAIN = 0.03  # a tuned config replaces the heuristic's only when faster by more than the timing noise
+# What the fast forward fuses into each product (engine/fast_forward.py): the RMSNorm before q/k/v, gate/up
+# and lm_head, the residual add after o and down. The sweep times each weight in its own variant.
+VARIANT = {"qkv": "norm", "o": "residual", "gate_up": "norm", "down": "residual", "lm_head": "norm"}
+EPS = 1e-6
 
 
-def sweep(out: Path, dev: str, dtype: torch.dtype, quick: bool) -> list[dict]:
+Config = tuple[int, int, int, int, int]
+
+
+def candidates(grid: list[Config], k: int, gated: bool, heuristic: Config) -> list[Config]:
+    """The grid's configs valid for (k, gated), the heuristic's included (timed even if off the grid)."""
+    out = [c for c in grid if not (k % (c[1] * c[2]) or (gated and c[2] > 1) or (gated and c[0] > 32))]
+    return out if heuristic in out else [*out, heuristic]
+
+
+def product(
+    fn, x: torch.Tensor, w: torch.Tensor, variant: str, extra: torch.Tensor | None, cfg: Config | None
+):
+    """One skinny product as the fast forward calls it: ``extra`` is the norm's gain or the residual."""
+    if variant == "norm":
+        return fn(x, w, norm_weight=extra, eps=EPS, config=cfg)
+    if variant == "residual":
+        return fn(x, w, extra, config=cfg)
+    return fn(x, w, config=cfg)
+
+
+def torch_product(x: torch.Tensor, w: torch.Tensor, n: int, gated: bool, variant: str, extra):
+    """The same on the torch path (cuBLAS): RMSNorm, F.linear, SiLU-times-up, residual add."""
+    if variant == "norm":
+        x = F.rms_norm(x, (x.shape[-1],), extra, EPS)
+    y = F.linear(x, w)
+    if gated:
+        y = F.silu(y[:, :n]) * y[:, n:]
+    return y + extra if variant == "residual" else y
+
+
+def _compile_worker(jobs: list[tuple[Config, bool, str]], dtype_name: str, deadline: float) -> int:
+    """In a spawned process: launch each (config, gated, variant) once on a small stand-in shape, so that
+    Triton's on-disk cache holds its binary. The stand-in specializes as the real shapes do (every int
+    argument a multiple of 16 except the rows, 4 or 8; 16-byte aligned pointers), so the sweep loads them."""
     from engine import triton_kernels as tk
 
-    grid = list(itertools.product((16, 32, 64), (128, 256, 512), (1, 2, 4, 8), (4, 8), (1, 4)))
+    dtype = getattr(torch, dtype_name)
+    x = torch.zeros(4, 4096, device="cuda", dtype=dtype)
+    w = torch.zeros(512, 4096, device="cuda", dtype=dtype)
+    extra = {"norm": torch.ones(4096, device="cuda", dtype=dtype), "residual": torch.zeros_like(x[:, :256])}
+    done = 0
+    for cfg, gated, variant in jobs:
+        if time.time() > deadline:  # the rest compiles in the sweep, under its budget
+            break
+        fn = tk.skinny_gate_up if gated else tk.skinny_linear
+        try:
+            product(fn, x, w if gated else w[:256], variant, extra.get(variant), cfg)
+            done += 1
+        except Exception:  # noqa: BLE001 - refused configs (shared memory) are skipped by the sweep too
+            pass
+    torch.cuda.synchronize()
+    return done
+
+
+def distinct_binaries(jobs: set[tuple[Config, bool, str]]) -> list[tuple[Config, bool, str]]:
+    """One job per binary: the product kernel depends on the split only through PARTIAL (split > 1), the
+    reduce kernel on (SPLIT, variant); the rest of the split is a runtime argument."""
+    out: dict[tuple, tuple[Config, bool, str]] = {}
+    for job in sorted(jobs):
+        (bn, bk, split, warps, stages), gated, variant = job
+        out.setdefault(("product", bn, bk, split > 1, warps, stages, gated, variant), job)
+        if split > 1:
+            out.setdefault(("reduce", split, variant), job)
+    return sorted(set(out.values()), key=lambda j: (j[0][0] * j[0][1], j))  # mix sizes across workers
+
+
+def precompile(jobs: list[tuple[Config, bool, str]], dtype: torch.dtype, limit_s: float) -> None:
+    """Compile every kernel binary of the sweep in parallel processes (one Triton compile is ~1 s of one
+    CPU core, and the sweep needs ~170); the sweep then loads them from Triton's on-disk cache."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    t = time.perf_counter()
+    workers = max(1, min(14, (os.cpu_count() or 2) - 2, len(jobs)))
+    chunks = [jobs[i::workers] for i in range(workers)]
+    try:
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+            args = [str(dtype).split(".")[-1]] * workers, [time.time() + limit_s] * workers
+            done = sum(pool.map(_compile_worker, chunks, *args))
+    except Exception as exc:  # noqa: BLE001 - the sweep still compiles what is missing, only slower
+        print(f"precompile failed ({type(exc).__name__}: {exc}); compiling in the sweep", flush=True)
+        return
+    print(
+        f"precompiled {done}/{len(jobs)} kernel configs in {time.perf_counter() - t:.0f} s "
+        f"({workers} processes)",
+        flush=True,
+    )
+
+
+@functools.cache
+def _capture_stream() -> torch.cuda.Stream:
+    return torch.cuda.Stream()
+
+
+def time_calls(call, calls: int, dev: str, pool=None, replays: int = 5) -> float:
+    """Median seconds per call of ``call(i)`` for i in range(calls), each call on another weight copy.
+
+    On the GPU as the engine runs them: the ``calls`` consecutive calls captured in one CUDA graph, the
+    graph replayed (one warm-up, then ``replays`` timed with CUDA events), the median replay / calls; one
+    call runs first on the capture stream, outside the capture (a kernel compiles or loads, cuBLAS sets up
+    its workspace). On the CPU smoke run: the host clock."""
+    if dev != "cuda":
+        times = []
+        for _ in range(replays):
+            t = time.perf_counter()
+            for i in range(calls):
+                call(i)
+            times.append(time.perf_counter() - t)
+        return statistics.median(times) / calls
+    # Captured on a side stream by hand: torch.cuda.graph() would empty the allocator's cache every time.
+    graph, stream = torch.cuda.CUDAGraph(), _capture_stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call(0)
+        graph.capture_begin(pool=pool)
+        try:
+            for i in range(calls):
+                call(i)
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    del graph
+    return statistics.median(times) / calls
+
+
+def _call(fn, x: torch.Tensor, wt: list[torch.Tensor], variant: str, extra, cfg: Config, i: int):
+    return product(fn, x, wt[i % len(wt)], variant, extra, cfg)
+
+
+def _torch_call(x: torch.Tensor, wt: list[torch.Tensor], n: int, gated: bool, variant: str, extra, i: int):
+    return torch_product(x, wt[i % len(wt)], n, gated, variant, extra)
+
+
+def sweep_shapes(quick: bool) -> list[tuple[str, str, int, int, bool]]:
+    """(model, weight, n, k, gated), each (n, k, gated) once."""
     if quick:
-        grid = [(16, 64, 1, 4, 1), (16, 64, 2, 4, 1)]
+        return [
+            ("tiny", "o", 64, 128, False),
+            ("tiny", "gate_up", 32, 128, True),
+            ("tiny", "qkv", 48, 256, False),
+        ]
+    out, seen = [], set()
+    for model in ("1.7B", "8B"):  # batch 1: the skinny shapes
+        for wname, (n, k, gated) in weights(model).items():
+            if (n, k, gated) not in seen:
+                seen.add((n, k, gated))
+                out.append((model, wname, n, k, gated))
+    return out
+
+
+def sweep(out: Path, dev: str, dtype: torch.dtype, quick: bool, budget_s: float = 110.0) -> list[dict]:
+    """Every config of GRID for every weight and row count, CUDA-graph timed; one row per (n, k, gated,
+    rows) with the best config, the heuristic's, the one chosen for the table (``chosen_config``) and
+    cuBLAS. Past ``budget_s`` (compiles included) every row from there on stops after the heuristic's config
+    (timed first), keeping the best of what it timed."""
+    from engine import triton_kernels as tk
+
+    t0 = time.perf_counter()
+    grid = GRID if not quick else [(16, 64, 1, 4, 1), (16, 64, 2, 4, 1)]
+    shapes = sweep_shapes(quick)
+    plan = {
+        (n, k, gated, m): candidates(grid, k, gated, tk.skinny_config(n, k, gated, rows=m, device_name=""))
+        for _, _, n, k, gated in shapes
+        for m in ROWS
+    }
+    print(
+        f"sweep: {len(shapes)} weights x rows {ROWS}, {sum(len(c) for c in plan.values())} configs to time "
+        f"(+ cuBLAS), time budget {budget_s:.0f} s",
+        flush=True,
+    )
+    if dev == "cuda":
+        variants = {(n, k, g): VARIANT[w] for _, w, n, k, g in shapes}
+        jobs = {(c, g, variants[(n, k, g)]) for (n, k, g, _), cfgs in plan.items() for c in cfgs}
+        precompile(distinct_binaries(jobs), dtype, max(20.0, budget_s / 2))
+    pool = torch.cuda.graph_pool_handle() if dev == "cuda" else None
     rows_done = []
-    names = ("1.7B", "8B") if not quick else ("tiny",)  # batch 1: the skinny shapes
-    for model in names:
-        ws = weights(model) if not quick else {"o": (64, 128, False), "gate_up": (32, 128, True)}
-        for wname, (n, k, gated) in ws.items():
-            copies = max(2, int(200e6 // (n * k * 2 * (2 if gated else 1)))) if dev == "cuda" else 1
-            rows_w = n * (2 if gated else 1)
-            wt = [torch.randn(rows_w, k, device=dev, dtype=dtype) * 0.02 for _ in range(copies)]
-            for m in (4, 8):
-                x = torch.randn(m, k, device=dev, dtype=dtype)
-                it = itertools.cycle(wt)
-                if gated:
-                    ref = bench(lambda: (lambda y: F.silu(y[:, :n]) * y[:, n:])(F.linear(x, next(it))), dev)  # noqa: B023
-                    want = F.silu((x.float() @ wt[0].float().T)[:, :n]) * (x.float() @ wt[0].float().T)[:, n:]
-                else:
-                    ref = bench(lambda: F.linear(x, next(it)), dev)  # noqa: B023
-                    want = x.float() @ wt[0].float().T
-                results = []
-                for cfg in grid:
-                    bn, bk, split, warps, stages = cfg
-                    if k % (bk * split) or (gated and split > 1) or (gated and bn > 32):
+    for model, wname, n, k, gated in shapes:
+        wbytes = n * k * 2 * (2 if gated else 1)
+        copies = max(2, int(ROTATE_BYTES // wbytes) + 1) if dev == "cuda" else 1
+        calls = copies if dev == "cuda" else 2
+        rows_w = n * (2 if gated else 1)
+        wt = [torch.randn(rows_w, k, device=dev, dtype=dtype) * 0.02 for _ in range(copies)]
+        fn = tk.skinny_gate_up if gated else tk.skinny_linear
+        variant = VARIANT[wname]
+        for m in ROWS:
+            x = torch.randn(m, k, device=dev, dtype=dtype)
+            extra = None
+            if variant == "norm":
+                extra = 1 + 0.1 * torch.randn(k, device=dev, dtype=dtype)
+            elif variant == "residual":
+                extra = torch.randn(m, n, device=dev, dtype=dtype)
+            want = torch_product(
+                x.float(), wt[0].float(), n, gated, variant, None if extra is None else extra.float()
+            )
+            # cuBLAS alone (F.linear; gate/up: with SiLU-times-up), and the whole torch path of the variant
+            cublas = time_calls(
+                functools.partial(_torch_call, x, wt, n, gated, "plain", None), calls, dev, pool
+            )
+            torch_path = cublas
+            if variant != "plain":
+                ref = functools.partial(_torch_call, x, wt, n, gated, variant, extra)
+                torch_path = time_calls(ref, calls, dev, pool)
+            heuristic = tk.skinny_config(n, k, gated, rows=m, device_name="")
+            # The heuristic's config first: past the budget (compiles may run long) a row stops where it is.
+            todo = [heuristic] + [c for c in plan[(n, k, gated, m)] if c != heuristic]
+            results, cut = [], False
+            for cfg in todo:
+                if results and time.perf_counter() - t0 > budget_s:
+                    cut = True
+                    break
+                try:  # correctness first (this call also compiles or loads the kernel)
+                    got = product(fn, x, wt[0], variant, extra, cfg)
+                    err = float((got.float() - want).norm() / want.norm())
+                    if not err < 2e-2:
+                        results.append({"config": cfg, "error": f"rel err {err:.2e}"})
                         continue
-                    fn = tk.skinny_gate_up if gated else tk.skinny_linear
-                    try:
-                        got = fn(x, wt[0], config=cfg)
-                        err = float((got.float() - want).norm() / want.norm())
-                        if not err < 2e-2:
-                            results.append({"config": cfg, "error": f"rel err {err:.2e}"})
-                            continue
-                        t = bench(lambda fn=fn, cfg=cfg: fn(x, next(it), config=cfg), dev, reps=30)  # noqa: B023
-                        results.append({"config": cfg, "s": t})
-                    except Exception as exc:  # a config the compiler refuses (shared memory): skip it
-                        results.append({"config": cfg, "error": f"{type(exc).__name__}: {str(exc)[:120]}"})
-                ok = [r for r in results if "s" in r]
-                best = min(ok, key=lambda r: r["s"]) if ok else None
-                chosen_cfg = tk.skinny_config(n, k, gated)
-                chosen = next((r for r in ok if tuple(r["config"]) == chosen_cfg), None)
-                wbytes = n * k * 2 * (2 if gated else 1)
-                row = {
-                    "model": model, "weight": wname, "n": n, "k": k, "rows": m, "bytes": wbytes,
-                    "cublas_us": ref * 1e6, "cublas_tb_s": wbytes / ref / 1e12,
-                    "best_config": best["config"] if best else None,
-                    "best_us": best["s"] * 1e6 if best else None,
-                    "best_tb_s": wbytes / best["s"] / 1e12 if best else None,
-                    "heuristic_config": chosen_cfg,
-                    "heuristic_us": chosen["s"] * 1e6 if chosen else None,
-                    "errors": [r for r in results if "error" in r][:3],
-                    "all": [(r["config"], round(r["s"] * 1e6, 2)) for r in ok],
-                }  # fmt: skip
-                rows_done.append(row)
-                (out / "engine_kernels_sweep.json").write_text(json.dumps(rows_done, indent=1))
-                print(
-                    f"{model} {wname} {n}x{k} m={m}: cublas {row['cublas_us']:.1f} us "
-                    f"({row['cublas_tb_s']:.2f} TB/s), best {row['best_us'] or 0:.1f} us "
-                    f"({row['best_tb_s'] or 0:.2f} TB/s) {row['best_config']}, "
-                    f"heuristic {row['heuristic_config']} {row['heuristic_us'] or 0:.1f} us",
-                    flush=True,
-                )
-            del wt
+                    call = functools.partial(_call, fn, x, wt, variant, extra, cfg)
+                    t = time_calls(call, calls, dev, pool)
+                    results.append({"config": cfg, "s": t})
+                except Exception as exc:  # noqa: BLE001 - a config the compiler refuses (shared memory)
+                    results.append({"config": cfg, "error": f"{type(exc).__name__}: {str(exc)[:120]}"})
+            ok = [r for r in results if "s" in r]
+            best = min(ok, key=lambda r: r["s"]) if ok else None
+            heur = next((r for r in ok if tuple(r["config"]) == heuristic), None)
+            # The table's entry: the best config only when it beats the heuristic's by more than the noise.
+            if best and (heur is None or best["s"] < heur["s"] * (1 - MIN_GAIN)):
+                chosen = best
+            else:
+                chosen = heur or {"config": heuristic, "s": None}
+            us = lambda r: r["s"] * 1e6 if r and r.get("s") else None  # noqa: E731
+            row = {
+                "model": model, "weight": wname, "n": n, "k": k, "gated": gated, "rows": m, "fused": variant,
+                "key": tk.table_key(n, k, gated, m), "bytes": wbytes, "calls_per_graph": calls,
+                "cublas_us": cublas * 1e6, "cublas_tb_s": wbytes / cublas / 1e12,
+                "torch_path_us": torch_path * 1e6,
+                "best_config": best["config"] if best else None, "best_us": us(best),
+                "best_tb_s": wbytes / best["s"] / 1e12 if best else None,
+                "heuristic_config": heuristic, "heuristic_us": us(heur),
+                "chosen_config": chosen["config"], "chosen_us": us(chosen),
+                "timed": len(ok), "refused": len(results) - len(ok),
+                "cut": f"time budget: {len(results)} of {len(todo)} configs tried" if cut else None,
+                "errors": [r for r in results if "error" in r][:3],
+                "all": [(r["config"], round(r["s"] * 1e6, 2)) for r in ok],
+            }  # fmt: skip
+            rows_done.append(row)
+            (out / "engine_kernels_sweep.json").write_text(json.dumps(rows_done, indent=1))
+            fmt = lambda v: f"{v:.1f}" if v is not None else "-"  # noqa: E731
+            print(
+                f"[{time.perf_counter() - t0:4.0f} s] {model} {wname} {n}x{k} m={m}: "
+                f"cublas {row['cublas_us']:.1f} us ({row['cublas_tb_s']:.2f} TB/s), "
+                f"best {fmt(row['best_us'])} us ({row['best_tb_s'] or 0:.2f} TB/s) {row['best_config']}, "
+                f"heuristic {heuristic} {fmt(row['heuristic_us'])} us -> {row['chosen_config']} "
+                f"[{len(ok)} timed, {len(results) - len(ok)} refused{', CUT' if cut else ''}]",
+                flush=True,
+            )
+        del wt
+        if dev == "cuda":
+            torch.cuda.empty_cache()
     return rows_done
+
+
+def write_configs(rows: list[dict], out: Path, dev: str, command: str) -> Path:
+    """The sweep's chosen config per table key, as ``engine.triton_kernels.config_table`` reads it: into
+    ``engine/kernel_configs/<device>.json`` (GPU runs only) and a copy into ``out``."""
+    from engine import triton_kernels as tk
+
+    name = torch.cuda.get_device_name() if dev == "cuda" else ""
+    stem = tk.device_key(name) if name else "cpu_smoke"  # a CPU run never writes into the engine's tables
+    table = {}
+    for r in rows:
+        cfg = [int(v) for v in r["chosen_config"]]
+        assert not (r["gated"] and cfg[2] != 1), r  # gate/up runs without a split
+        table[r["key"]] = cfg
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    head = {"device": name or "cpu (smoke run, Triton interpreter)", "measured": f"{when}, {command}"}
+    body = ",\n".join(f"  {json.dumps(key)}: {json.dumps(table[key])}" for key in sorted(table))
+    text = json.dumps(head, indent=1)[:-2] + ',\n "skinny": {\n' + body + "\n }\n}\n"
+    assert json.loads(text)["skinny"] == table
+    paths = [out / f"{stem}.json"] + ([tk.CONFIG_DIR / f"{stem}.json"] if name else [])
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"wrote {len(table)} configs to {path}", flush=True)
+    tk.config_table.cache_clear()  # later lookups in this process (the profile) read the new table
+    tk.skinny_config.cache_clear()
+    return paths[-1]
 
 
 def profile(out: Path, dev: str, quick: bool) -> dict:
@@ -205,6 +433,13 @@ def main() -> None:
     p.add_argument("--smoke-cpu", action="store_true")
     p.add_argument("--skip-sweep", action="store_true")
     p.add_argument("--skip-profile", action="store_true")
+    p.add_argument(
+        "--write-configs",
+        action="store_true",
+        help="after the sweep, write the chosen config per shape into engine/kernel_configs/<gpu>.json "
+        "(and a copy into --out; a CPU run writes only --out/cpu_smoke.json); the profile then runs after it",
+    )
+    p.add_argument("--sweep-budget-s", type=float, default=110.0, help="past this, time only the heuristic")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     if a.smoke_cpu:
@@ -212,11 +447,16 @@ def main() -> None:
     dev = "cpu" if a.smoke_cpu else "cuda"
     dtype = torch.float16 if a.smoke_cpu else torch.bfloat16
     torch.manual_seed(0)
-    # The profile first: it is cheap and says most; the sweep compiles one kernel per config and may be cut.
-    if not a.skip_profile:
+    command = "python benchmarks/engine_kernels.py " + " ".join(sys.argv[1:])
+    # The profile first (cheap, says most; the sweep may be cut), unless it is to use the configs written.
+    if not a.skip_profile and not a.write_configs:
         profile(a.out, dev, a.smoke_cpu)
     if not a.skip_sweep:
-        sweep(a.out, dev, dtype, a.smoke_cpu)
+        rows = sweep(a.out, dev, dtype, a.smoke_cpu, a.sweep_budget_s)
+        if a.write_configs:
+            write_configs(rows, a.out, dev, command)
+    if not a.skip_profile and a.write_configs:
+        profile(a.out, dev, a.smoke_cpu)
 
 
 if __name__ == "__main__":
