@@ -53,7 +53,7 @@ final() {
     timeout -k 5 "$t" python3 -m pytest -q tests/engine/test_triton_kernels.py -p no:cacheprovider \
         --tb=short -rf --basetemp=/tmp/pytest_triton > /tmp/tests_triton.log 2>&1 &
     local p1=$!
-    timeout -k 5 "$t" python3 -m pytest -q -m gpu tests/engine tests/serving/test_gpu_serving.py -p no:cacheprovider --tb=short -rf \
+    timeout -k 5 "$t" python3 -m pytest -q -m gpu tests/engine -p no:cacheprovider --tb=short -rf \
         --basetemp=/tmp/pytest_gpu > /tmp/tests_gpu.log 2>&1 &
     local p2=$!
     wait $p1

@@ -4,11 +4,11 @@
     engine's step and first step at batch 1): cuBLAS (F.linear) against ``engine.triton_kernels`` over a
     grid of tiles, splits, warps and stages, timed as the engine runs them: R consecutive calls captured in
     one CUDA graph, each on another weight copy (> 200 MB in all, so the L2 holds none of them), replays
-    timed with CUDA events, median / R. Each weight in the variant the fast forward runs (RMSNorm fused
-    before q/k/v, gate/up and lm_head; the residual add after o and down). Every config is checked against
+    timed with CUDA events, median / R. Each weight in the variant the fast forward runs (the residual add
+    after o and down). Every config is checked against
     a float32 product first; configs the compiler refuses are skipped. The kernel binaries (~170) are
     compiled first, in parallel processes. Per shape: the best config, the heuristic's (``skinny_config``
-    without a table), cuBLAS (F.linear; and the whole torch path, with the norm or residual kernels), and
+    without a table), cuBLAS (F.linear; and the whole torch path, with the residual add), and
     the one chosen for the table: the best only where it beats the heuristic by more than 3 % (the noise).
     ``--write-configs`` writes those into ``engine/kernel_configs/<gpu>.json`` (``skinny_config`` reads
     it) and a copy into --out.
@@ -60,10 +60,9 @@ GRID = list(itertools.product((16, 32, 64), (128, 256, 512), (1, 2, 4, 8), (4, 8
 ROWS = (4, 8)  # the engine's rows: a step of 4 tokens, a block's 8-token first step (batch 1)
 ROTATE_BYTES = 200e6  # weight copies per shape: > 4x the H200's 50 MB L2, so no call finds its weight there
 MIN_GAIN = 0.03  # a tuned config replaces the heuristic's only when faster by more than the timing noise
-# What the fast forward fuses into each product (engine/fast_forward.py): the RMSNorm before q/k/v, gate/up
-# and lm_head, the residual add after o and down. The sweep times each weight in its own variant.
-VARIANT = {"qkv": "norm", "o": "residual", "gate_up": "norm", "down": "residual", "lm_head": "norm"}
-EPS = 1e-6
+# What the fast forward fuses into each product (engine/fast_forward.py): the residual add after o and
+# down (SiLU-times-up is part of the gated kernel). The sweep times each weight in its own variant.
+VARIANT = {"qkv": "plain", "o": "residual", "gate_up": "plain", "down": "residual", "lm_head": "plain"}
 
 
 Config = tuple[int, int, int, int, int]
@@ -78,18 +77,14 @@ def candidates(grid: list[Config], k: int, gated: bool, heuristic: Config) -> li
 def product(
     fn, x: torch.Tensor, w: torch.Tensor, variant: str, extra: torch.Tensor | None, cfg: Config | None
 ):
-    """One skinny product as the fast forward calls it: ``extra`` is the norm's gain or the residual."""
-    if variant == "norm":
-        return fn(x, w, norm_weight=extra, eps=EPS, config=cfg)
+    """One skinny product as the fast forward calls it: ``extra`` is the residual."""
     if variant == "residual":
         return fn(x, w, extra, config=cfg)
     return fn(x, w, config=cfg)
 
 
 def torch_product(x: torch.Tensor, w: torch.Tensor, n: int, gated: bool, variant: str, extra):
-    """The same on the torch path (cuBLAS): RMSNorm, F.linear, SiLU-times-up, residual add."""
-    if variant == "norm":
-        x = F.rms_norm(x, (x.shape[-1],), extra, EPS)
+    """The same on the torch path (cuBLAS): F.linear, SiLU-times-up, residual add."""
     y = F.linear(x, w)
     if gated:
         y = F.silu(y[:, :n]) * y[:, n:]
@@ -105,7 +100,7 @@ def _compile_worker(jobs: list[tuple[Config, bool, str]], dtype_name: str, deadl
     dtype = getattr(torch, dtype_name)
     x = torch.zeros(4, 4096, device="cuda", dtype=dtype)
     w = torch.zeros(512, 4096, device="cuda", dtype=dtype)
-    extra = {"norm": torch.ones(4096, device="cuda", dtype=dtype), "residual": torch.zeros_like(x[:, :256])}
+    extra = {"residual": torch.zeros_like(x[:, :256])}
     done = 0
     for cfg, gated, variant in jobs:
         if time.time() > deadline:  # the rest compiles in the sweep, under its budget
@@ -249,7 +244,7 @@ def sweep(out: Path, dev: str, dtype: torch.dtype, quick: bool, budget_s: float 
         variants = {(n, k, g): VARIANT[w] for _, w, n, k, g in shapes}
         jobs = {(c, g, variants[(n, k, g)]) for (n, k, g, _), cfgs in plan.items() for c in cfgs}
         precompile(distinct_binaries(jobs), dtype, max(20.0, budget_s / 2))
-    pool = torch.cuda.graph_pool_handle() if dev == "cuda" else None
+    pool = None  # a private pool per graph: one shared pool across deleted graphs hit an allocator assert
     rows_done = []
     for model, wname, n, k, gated in shapes:
         wbytes = n * k * 2 * (2 if gated else 1)
@@ -261,11 +256,7 @@ def sweep(out: Path, dev: str, dtype: torch.dtype, quick: bool, budget_s: float 
         variant = VARIANT[wname]
         for m in ROWS:
             x = torch.randn(m, k, device=dev, dtype=dtype)
-            extra = None
-            if variant == "norm":
-                extra = 1 + 0.1 * torch.randn(k, device=dev, dtype=dtype)
-            elif variant == "residual":
-                extra = torch.randn(m, n, device=dev, dtype=dtype)
+            extra = torch.randn(m, n, device=dev, dtype=dtype) if variant == "residual" else None
             want = torch_product(
                 x.float(), wt[0].float(), n, gated, variant, None if extra is None else extra.float()
             )

@@ -2,15 +2,17 @@
 
 Same contract as ``DiceModel.forward_cached`` (same arguments, same cache writes, logits of the last
 ``logits_last`` positions), for steps of at most ``MAX_ROWS`` rows (batch x tokens) on a CUDA device with
-fused projections; anything else goes to the model's own forward. Per layer: the q/k/v product with the
-input RMSNorm fused in, one kernel for the q/k norms + RoPE + cache write, attention (two kernels), o_proj
-with the residual add, gate/up with the post-attention RMSNorm and SiLU fused in, down_proj with the
-residual add: 6-9 kernels (a split of K adds a reduce) where the eager step runs ~25.
+fused projections; anything else goes to the model's own forward. Per layer: RMSNorm, the q/k/v product,
+one kernel for the q/k norms + RoPE + cache write, attention (two kernels), o_proj with the residual add,
+RMSNorm, gate/up with SiLU, down_proj with the residual add: 9-11 kernels where the eager step runs ~25.
+(An RMSNorm fused into the products' prologue, its row sums reduced in every K step, measured 2.4x
+slower products on the H200 and was taken out: benchmarks/results/engine_kernels_notes.md.)
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from engine import triton_kernels as tk
@@ -66,11 +68,13 @@ class FastForward:
             return m.forward_cached(input_ids, position_ids, cache, start, logits_last=logits_last)
         c = m.config
         eps = c.rms_norm_eps
+        hidden = (c.hidden_size,)
         pos = position_ids.expand(b, t).contiguous()
         x = m.model.embed_tokens(input_ids)
         for i, layer in enumerate(m.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            qkv = tk.skinny_linear(x, attn.fused_qkv[0], norm_weight=layer.input_layernorm.weight, eps=eps)
+            h = F.rms_norm(x, hidden, layer.input_layernorm.weight, eps)
+            qkv = tk.skinny_linear(h, attn.fused_qkv[0])
             q = tk.qk_norm_rope_store(
                 qkv, attn.q_norm.weight, attn.k_norm.weight, self.inv_freq, pos, start,
                 cache.k[i], cache.v[i], num_heads=c.num_attention_heads,
@@ -80,9 +84,10 @@ class FastForward:
                 q, cache.k[i], cache.v[i], start, cache.offsets, tokens=t, block_size=cache.block_size
             )
             x = tk.skinny_linear(o, attn.o_proj.weight, residual=x.reshape(b * t, -1)).reshape(b, t, -1)
-            a = tk.skinny_gate_up(x, mlp.fused_gate_up[0], norm_weight=layer.post_attention_layernorm.weight,
-                                  eps=eps)  # fmt: skip
+            h = F.rms_norm(x, hidden, layer.post_attention_layernorm.weight, eps)
+            a = tk.skinny_gate_up(h, mlp.fused_gate_up[0])
             x = tk.skinny_linear(a, mlp.down_proj.weight, residual=x.reshape(b * t, -1)).reshape(b, t, -1)
         if logits_last is not None:
             x = x[:, t - logits_last :]
-        return tk.skinny_linear(x, m.lm_head.weight, norm_weight=m.model.norm.weight, eps=eps)
+        h = F.rms_norm(x, hidden, m.model.norm.weight, eps)
+        return tk.skinny_linear(h, m.lm_head.weight)

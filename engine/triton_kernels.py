@@ -62,31 +62,23 @@ if triton is not None:
         w_ptr,
         out_ptr,
         res_ptr,
-        g_ptr,
-        ss_ptr,
         M,
         N,
-        K,
         stride_xm,
         stride_wn,
         stride_om,
         stride_os,
         stride_rm,
         K_SPLIT,
-        eps,
         BM: tl.constexpr,
         BN: tl.constexpr,
         BK: tl.constexpr,
         PARTIAL: tl.constexpr,
         GATED: tl.constexpr,
         RESIDUAL: tl.constexpr,
-        NORM: tl.constexpr,
     ):
         """One (BN columns, K_SPLIT of K) tile. GATED: columns n of the gate half and of the up half (N
-        apart) give silu(g) * u. PARTIAL: float32 partial sums at out[pid_s] (reduced by _reduce_kernel).
-        NORM: x is RMS-normed on the way in (RMSNorm with gain g, the norm kernel before the product fused
-        away): the product runs on x * g, and the rows' 1 / rms, which needs all of K, scales the sums at
-        the end (PARTIAL: each split's sum of squares goes to ss[pid_s] for the reduce kernel)."""
+        apart) give silu(g) * u. PARTIAL: float32 partial sums at out[pid_s] (reduced by _reduce_kernel)."""
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
         rm = tl.arange(0, BM)
@@ -97,17 +89,10 @@ if triton is not None:
         mask_n = rn[:, None] < N
         x_ptrs = x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :]
         w_ptrs = w_ptr + rn[:, None] * stride_wn + (k0 + rk)[None, :]
-        g_ptrs = g_ptr + k0 + rk
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc_up = tl.zeros((BM, BN), dtype=tl.float32)
-        ss = tl.zeros((BM,), dtype=tl.float32)
         for _ in range(0, K_SPLIT, BK):
             x = tl.load(x_ptrs, mask=mask_m, other=0.0)
-            if NORM:
-                xf = x.to(tl.float32)
-                ss += tl.sum(xf * xf, 1)
-                x = (xf * tl.load(g_ptrs).to(tl.float32)[None, :]).to(x_ptr.dtype.element_ty)
-                g_ptrs += BK
             w = tl.load(w_ptrs, mask=mask_n, other=0.0)
             acc = tl.dot(x, tl.trans(w), acc)
             if GATED:
@@ -119,13 +104,7 @@ if triton is not None:
         out_mask = mask_m & (rn_row < N)
         if PARTIAL:
             tl.store(out_ptr + pid_s * stride_os + rm[:, None] * stride_om + rn_row, acc, mask=out_mask)
-            if NORM:  # every column tile computed the same sums: the first one stores them
-                tl.store(ss_ptr + pid_s * BM + rm, ss, mask=rm + pid_n * BM < BM)
         else:
-            if NORM:
-                rstd = 1.0 / tl.sqrt(ss / K + eps)
-                acc = acc * rstd[:, None]
-                acc_up = acc_up * rstd[:, None]
             dtype = out_ptr.dtype.element_ty
             if GATED:  # as eager: silu(gate) and up rounded to the activations' dtype, then their product
                 g = acc.to(dtype).to(tl.float32)
@@ -140,25 +119,19 @@ if triton is not None:
 
     @triton.jit
     def _reduce_kernel(
-        part_ptr, out_ptr, res_ptr, ss_ptr, total, N, K, stride_om, stride_rm, eps, SPLIT: tl.constexpr,
-        RESIDUAL: tl.constexpr, NORM: tl.constexpr, BM: tl.constexpr, BLOCK: tl.constexpr,
+        part_ptr, out_ptr, res_ptr, total, N, stride_om, stride_rm, SPLIT: tl.constexpr,
+        RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
-        """out[m, n] = sum over splits of part[s, m, n] (NORM: times row m's 1 / rms from the splits' sums
-        of squares) (+ residual), in the output's dtype."""
+        """out[m, n] = sum over splits of part[s, m, n] (+ residual), in the output's dtype."""
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < total
-        m = offs // N
-        n = offs % N
         acc = tl.zeros((BLOCK,), dtype=tl.float32)
-        ss = tl.zeros((BLOCK,), dtype=tl.float32)
         for s in range(SPLIT):
             acc += tl.load(part_ptr + s * total + offs, mask=mask, other=0.0)
-            if NORM:
-                ss += tl.load(ss_ptr + s * BM + m, mask=mask, other=0.0)
-        if NORM:
-            acc = acc / tl.sqrt(ss / K + eps)
         dtype = out_ptr.dtype.element_ty
         y = acc.to(dtype).to(tl.float32)
+        m = offs // N
+        n = offs % N
         if RESIDUAL:
             y += tl.load(res_ptr + m * stride_rm + n, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + m * stride_om + n, y.to(dtype), mask=mask)
@@ -241,12 +214,9 @@ def skinny_linear(
     weight: Tensor,
     residual: Tensor | None = None,
     *,
-    norm_weight: Tensor | None = None,
-    eps: float = 1e-6,
     config: tuple[int, int, int, int, int] | None = None,
 ) -> Tensor:
-    """x (..., K) @ weight (N, K)^T (+ residual (..., N)), for at most MAX_ROWS rows of x. With
-    ``norm_weight``: rms_norm(x, norm_weight, eps) @ weight^T, the norm fused into the product."""
+    """x (..., K) @ weight (N, K)^T (+ residual (..., N)), for at most MAX_ROWS rows of x."""
     k = x.shape[-1]
     n = weight.shape[0]
     x2 = _rows(x)
@@ -254,26 +224,22 @@ def skinny_linear(
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     res = None if residual is None else residual.reshape(m, n)
     cfg = config or skinny_config(n, k, False, m, _device_name(x.device))
-    _launch(x2, weight, out, res, n, cfg, gated=False, norm_weight=norm_weight, eps=eps)
+    _launch(x2, weight, out, res, n, cfg, gated=False)
     return out.reshape(*x.shape[:-1], n)
 
 
-def skinny_gate_up(
-    x: Tensor, gate_up: Tensor, *, norm_weight: Tensor | None = None, eps: float = 1e-6, config=None
-) -> Tensor:
-    """silu(x @ gate^T) * (x @ up^T) with gate_up = cat([gate, up]) (2I, K): one kernel, no split. With
-    ``norm_weight``: x RMS-normed first, in the same kernel."""
+def skinny_gate_up(x: Tensor, gate_up: Tensor, *, config=None) -> Tensor:
+    """silu(x @ gate^T) * (x @ up^T) with gate_up = cat([gate, up]) (2I, K): one kernel, no split."""
     k = x.shape[-1]
     n = gate_up.shape[0] // 2
     x2 = _rows(x)
     out = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
     bn, bk, _, warps, stages = config or skinny_config(n, k, True, x2.shape[0], _device_name(x.device))
-    _launch(x2, gate_up, out, None, n, (bn, bk, 1, warps, stages), gated=True, norm_weight=norm_weight,
-            eps=eps)  # fmt: skip
+    _launch(x2, gate_up, out, None, n, (bn, bk, 1, warps, stages), gated=True)
     return out.reshape(*x.shape[:-1], n)
 
 
-def _launch(x2, weight, out, res, n, config, *, gated: bool, norm_weight=None, eps: float = 1e-6) -> None:
+def _launch(x2, weight, out, res, n, config, *, gated: bool) -> None:
     m, k = x2.shape
     if m > MAX_ROWS:
         raise ValueError(f"skinny kernels take at most {MAX_ROWS} rows, got {m}")
@@ -282,30 +248,24 @@ def _launch(x2, weight, out, res, n, config, *, gated: bool, norm_weight=None, e
     bn, bk, split, warps, stages = config
     if k % (bk * split):
         raise ValueError(f"K={k} is not a multiple of BK x split = {bk * split}")
-    norm = norm_weight is not None
-    if norm and (norm_weight.shape != (k,) or norm_weight.stride(-1) != 1):
-        raise ValueError(f"the norm weight must be a contiguous ({k},) vector")
-    g = norm_weight if norm else x2
     tiles = triton.cdiv(n, bn)
-    kw = dict(BM=MAX_ROWS, BN=bn, BK=bk, GATED=gated, NORM=norm, num_warps=warps, num_stages=stages)
+    kw = dict(BM=MAX_ROWS, BN=bn, BK=bk, GATED=gated, num_warps=warps, num_stages=stages)
     if split == 1:
         _skinny_kernel[(tiles, 1)](
-            x2, weight, out, res if res is not None else out, g, out, m, n, k, x2.stride(0),
-            weight.stride(0), out.stride(0), 0, res.stride(0) if res is not None else 0, k, eps,
+            x2, weight, out, res if res is not None else out, m, n, x2.stride(0), weight.stride(0),
+            out.stride(0), 0, res.stride(0) if res is not None else 0, k,
             PARTIAL=False, RESIDUAL=res is not None, **kw,
         )  # fmt: skip
         return
     part = torch.empty(split, m, n, dtype=torch.float32, device=x2.device)
-    ss = torch.empty(split, MAX_ROWS, dtype=torch.float32, device=x2.device) if norm else part
     _skinny_kernel[(tiles, split)](
-        x2, weight, part, part, g, ss, m, n, k, x2.stride(0), weight.stride(0), n, m * n, 0, k // split,
-        eps, PARTIAL=True, RESIDUAL=False, **kw,
+        x2, weight, part, part, m, n, x2.stride(0), weight.stride(0), n, m * n, 0, k // split,
+        PARTIAL=True, RESIDUAL=False, **kw,
     )  # fmt: skip
     total = m * n
     _reduce_kernel[(triton.cdiv(total, 1024),)](
-        part, out, res if res is not None else out, ss, total, n, k, out.stride(0),
-        res.stride(0) if res is not None else 0, eps, SPLIT=split, RESIDUAL=res is not None, NORM=norm,
-        BM=MAX_ROWS, BLOCK=1024,
+        part, out, res if res is not None else out, total, n, out.stride(0),
+        res.stride(0) if res is not None else 0, SPLIT=split, RESIDUAL=res is not None, BLOCK=1024,
     )  # fmt: skip
 
 

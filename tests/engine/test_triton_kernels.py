@@ -67,42 +67,6 @@ def test_gate_up_is_silu_gate_times_up(tk):
     assert rel_err(tk.skinny_gate_up(x, w, config=(16, 64, 1, 4, 1)), ref) < TWICE
 
 
-def rms_normed(x: torch.Tensor, gain: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    x = x.double()
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain.double()
-
-
-@pytest.mark.parametrize("rows", [1, 4, 8, 16])
-@pytest.mark.parametrize("config", [(16, 64, 1, 4, 1), (16, 64, 4, 4, 1), (32, 128, 2, 4, 1)])
-def test_the_fused_rms_norm_equals_norm_then_product(tk, rows, config):
-    """norm_weight=g: rms_norm(x) * g @ W^T in one kernel, whole K or split (the reduce kernel applies the
-    rows' 1 / rms from the splits' sums of squares), with and without a residual; rows with a large scale
-    and an offset, so a wrong or missing rms shows."""
-    g = torch.Generator().manual_seed(rows * 7 + config[2])
-    k, n = 512, 80
-    x = (torch.randn(rows, k, generator=g) * 3 + 0.5).to(DEV, DT)
-    gain = (1 + 0.3 * torch.randn(k, generator=g)).to(DEV, DT)
-    w = (torch.randn(n, k, generator=g) / k**0.5).to(DEV, DT)
-    res = torch.randn(rows, n, generator=g).to(DEV, DT)
-    ref = rms_normed(x, gain) @ w.double().T
-    out = tk.skinny_linear(x, w, norm_weight=gain, config=config)
-    assert rel_err(out, ref) < TWICE
-    out = tk.skinny_linear(x, w, res, norm_weight=gain, config=config)
-    assert rel_err(out, ref + res.double()) < TWICE
-    with pytest.raises(ValueError, match="norm weight"):
-        tk.skinny_linear(x, w, norm_weight=gain[:-1], config=config)
-
-
-def test_the_fused_rms_norm_in_gate_up(tk):
-    g = torch.Generator().manual_seed(5)
-    x = (torch.randn(4, 256, generator=g) * 2).to(DEV, DT)
-    gain = (1 + 0.3 * torch.randn(256, generator=g)).to(DEV, DT)
-    w = (torch.randn(2 * 48, 256, generator=g) / 256**0.5).to(DEV, DT)
-    gate, up = (rms_normed(x, gain) @ w.double().T).chunk(2, -1)
-    ref = torch.nn.functional.silu(gate) * up
-    assert rel_err(tk.skinny_gate_up(x, w, norm_weight=gain, config=(16, 64, 1, 4, 1)), ref) < TWICE
-
-
 def test_a_tuned_table_is_looked_up_by_device_and_shape(tk, tmp_path, monkeypatch):
     """The per-device table wins for its shapes (and row bucket); other shapes, other chips, a broken
     file or a config that does not divide K fall back to the heuristic."""
