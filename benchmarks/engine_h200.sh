@@ -25,7 +25,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 # table, also written into engine/kernel_configs/ there, where (c) and (d) read it), engine_h200.json,
 # engine_h200.md, engine_kernels_profile.json. (b) runs no profile and (d) no sweep: neither overwrites
 # the other's file.
-DEADLINE_S=${DEADLINE_S:-550}
+DEADLINE_S=${DEADLINE_S:-550}  # a call with less device time left: DEADLINE_S=400
 left() {  # seconds for the next step: its cap, or what is left before the deadline if less
     local cap=$1 rest=$((DEADLINE_S - SECONDS))
     echo $((cap < rest ? cap : rest))
