@@ -173,3 +173,26 @@ def test_float32_models_keep_the_torch_path(tk):
     assert "bf16/fp16" in supported(model)
     with pytest.raises(ValueError, match="bf16/fp16"):
         FastForward(model)
+
+
+def test_every_shipped_table_entry_is_usable_for_its_key():
+    """engine/kernel_configs/*.json (measured on the chip they are named after): each key parses, each config
+    divides its K and gated products never split, so skinny_config takes every entry as it is."""
+    import json
+
+    from engine import triton_kernels as tk
+
+    tables = sorted(tk.CONFIG_DIR.glob("*.json"))
+    assert tables, "no tuned table shipped"
+    for path in tables:
+        data = json.loads(path.read_text())
+        assert tk.device_key(data["device"]) == path.stem
+        assert tk.config_table(data["device"]), path
+        for key, cfg in data["skinny"].items():
+            n, k, kind, rows = key.split("x")
+            bn, bk, split, warps, stages = cfg
+            assert kind in ("gated", "linear") and int(rows) in (4, 8, 16), key
+            assert int(k) % (bk * split) == 0 and not (kind == "gated" and split > 1), key
+            assert bn in (16, 32, 64) and warps in (1, 2, 4, 8) and stages >= 1, key
+            assert tk.table_key(int(n), int(k), kind == "gated", int(rows)) == key
+            assert tk.skinny_config(int(n), int(k), kind == "gated", int(rows), data["device"]) == tuple(cfg)
