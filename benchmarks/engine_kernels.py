@@ -155,7 +155,7 @@ def _capture_stream() -> torch.cuda.Stream:
     return torch.cuda.Stream()
 
 
-def time_calls(call, calls: int, dev: str, pool=None, replays: int = 5) -> float:
+def time_calls(call, calls: int, dev: str, replays: int = 5) -> float:
     """Median seconds per call of ``call(i)`` for i in range(calls), each call on another weight copy.
 
     On the GPU as the engine runs them: the ``calls`` consecutive calls captured in one CUDA graph, the
@@ -175,7 +175,7 @@ def time_calls(call, calls: int, dev: str, pool=None, replays: int = 5) -> float
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         call(0)
-        graph.capture_begin(pool=pool)
+        graph.capture_begin()  # a private pool: one shared across deleted graphs hit an allocator assert
         try:
             for i in range(calls):
                 call(i)
@@ -220,6 +220,59 @@ def sweep_shapes(quick: bool) -> list[tuple[str, str, int, int, bool]]:
     return out
 
 
+def time_configs(fn, x, wt, variant, extra, want, todo, calls, dev, t0, budget_s):
+    """Check then time each config of ``todo`` in order; past ``budget_s`` since ``t0`` stop (after at least
+    one). Returns ([{"config", "s"} or {"config", "error"}], whether the budget cut the list)."""
+    results, cut = [], False
+    for cfg in todo:
+        if results and time.perf_counter() - t0 > budget_s:
+            cut = True
+            break
+        try:  # correctness first (this call also compiles or loads the kernel)
+            got = product(fn, x, wt[0], variant, extra, cfg)
+            err = float((got.float() - want).norm() / want.norm())
+            if not err < 2e-2:
+                results.append({"config": cfg, "error": f"rel err {err:.2e}"})
+                continue
+            call = functools.partial(_call, fn, x, wt, variant, extra, cfg)
+            results.append({"config": cfg, "s": time_calls(call, calls, dev)})
+        except Exception as exc:  # noqa: BLE001 - a config the compiler refuses (shared memory)
+            results.append({"config": cfg, "error": f"{type(exc).__name__}: {str(exc)[:120]}"})
+    return results, cut
+
+
+def sweep_row(model, wname, n, k, gated, m, variant, calls, cublas, torch_path, heuristic, results) -> dict:
+    """One sweep row: the best config, the heuristic's and the table's choice (the best only when it beats
+    the heuristic's by more than MIN_GAIN, the timing noise), with cuBLAS for scale."""
+    from engine import triton_kernels as tk
+
+    wbytes = n * k * 2 * (2 if gated else 1)
+    ok = [r for r in results if "s" in r]
+    best = min(ok, key=lambda r: r["s"]) if ok else None
+    heur = next((r for r in ok if tuple(r["config"]) == heuristic), None)
+    if best and (heur is None or best["s"] < heur["s"] * (1 - MIN_GAIN)):
+        chosen = best
+    else:
+        chosen = heur or {"config": heuristic, "s": None}
+
+    def us(r):
+        return r["s"] * 1e6 if r and r.get("s") else None
+
+    return {
+        "model": model, "weight": wname, "n": n, "k": k, "gated": gated, "rows": m, "fused": variant,
+        "key": tk.table_key(n, k, gated, m), "bytes": wbytes, "calls_per_graph": calls,
+        "cublas_us": cublas * 1e6, "cublas_tb_s": wbytes / cublas / 1e12,
+        "torch_path_us": torch_path * 1e6,
+        "best_config": best["config"] if best else None, "best_us": us(best),
+        "best_tb_s": wbytes / best["s"] / 1e12 if best else None,
+        "heuristic_config": heuristic, "heuristic_us": us(heur),
+        "chosen_config": chosen["config"], "chosen_us": us(chosen),
+        "timed": len(ok), "refused": len(results) - len(ok), "cut": None,
+        "errors": [r for r in results if "error" in r][:3],
+        "all": [(r["config"], round(r["s"] * 1e6, 2)) for r in ok],
+    }  # fmt: skip
+
+
 def sweep(out: Path, dev: str, dtype: torch.dtype, quick: bool, budget_s: float = 110.0) -> list[dict]:
     """Every config of GRID for every weight and row count, CUDA-graph timed; one row per (n, k, gated,
     rows) with the best config, the heuristic's, the one chosen for the table (``chosen_config``) and
@@ -244,11 +297,9 @@ def sweep(out: Path, dev: str, dtype: torch.dtype, quick: bool, budget_s: float 
         variants = {(n, k, g): VARIANT[w] for _, w, n, k, g in shapes}
         jobs = {(c, g, variants[(n, k, g)]) for (n, k, g, _), cfgs in plan.items() for c in cfgs}
         precompile(distinct_binaries(jobs), dtype, max(20.0, budget_s / 2))
-    pool = None  # a private pool per graph: one shared pool across deleted graphs hit an allocator assert
     rows_done = []
     for model, wname, n, k, gated in shapes:
-        wbytes = n * k * 2 * (2 if gated else 1)
-        copies = max(2, int(ROTATE_BYTES // wbytes) + 1) if dev == "cuda" else 1
+        copies = max(2, int(ROTATE_BYTES // (n * k * 2 * (2 if gated else 1))) + 1) if dev == "cuda" else 1
         calls = copies if dev == "cuda" else 2
         rows_w = n * (2 if gated else 1)
         wt = [torch.randn(rows_w, k, device=dev, dtype=dtype) * 0.02 for _ in range(copies)]
@@ -261,55 +312,20 @@ def sweep(out: Path, dev: str, dtype: torch.dtype, quick: bool, budget_s: float 
                 x.float(), wt[0].float(), n, gated, variant, None if extra is None else extra.float()
             )
             # cuBLAS alone (F.linear; gate/up: with SiLU-times-up), and the whole torch path of the variant
-            cublas = time_calls(
-                functools.partial(_torch_call, x, wt, n, gated, "plain", None), calls, dev, pool
-            )
+            cublas = time_calls(functools.partial(_torch_call, x, wt, n, gated, "plain", None), calls, dev)
             torch_path = cublas
             if variant != "plain":
                 ref = functools.partial(_torch_call, x, wt, n, gated, variant, extra)
-                torch_path = time_calls(ref, calls, dev, pool)
+                torch_path = time_calls(ref, calls, dev)
             heuristic = tk.skinny_config(n, k, gated, rows=m, device_name="")
             # The heuristic's config first: past the budget (compiles may run long) a row stops where it is.
             todo = [heuristic] + [c for c in plan[(n, k, gated, m)] if c != heuristic]
-            results, cut = [], False
-            for cfg in todo:
-                if results and time.perf_counter() - t0 > budget_s:
-                    cut = True
-                    break
-                try:  # correctness first (this call also compiles or loads the kernel)
-                    got = product(fn, x, wt[0], variant, extra, cfg)
-                    err = float((got.float() - want).norm() / want.norm())
-                    if not err < 2e-2:
-                        results.append({"config": cfg, "error": f"rel err {err:.2e}"})
-                        continue
-                    call = functools.partial(_call, fn, x, wt, variant, extra, cfg)
-                    t = time_calls(call, calls, dev, pool)
-                    results.append({"config": cfg, "s": t})
-                except Exception as exc:  # noqa: BLE001 - a config the compiler refuses (shared memory)
-                    results.append({"config": cfg, "error": f"{type(exc).__name__}: {str(exc)[:120]}"})
+            results, cut = time_configs(fn, x, wt, variant, extra, want, todo, calls, dev, t0, budget_s)
             ok = [r for r in results if "s" in r]
-            best = min(ok, key=lambda r: r["s"]) if ok else None
-            heur = next((r for r in ok if tuple(r["config"]) == heuristic), None)
-            # The table's entry: the best config only when it beats the heuristic's by more than the noise.
-            if best and (heur is None or best["s"] < heur["s"] * (1 - MIN_GAIN)):
-                chosen = best
-            else:
-                chosen = heur or {"config": heuristic, "s": None}
-            us = lambda r: r["s"] * 1e6 if r and r.get("s") else None  # noqa: E731
-            row = {
-                "model": model, "weight": wname, "n": n, "k": k, "gated": gated, "rows": m, "fused": variant,
-                "key": tk.table_key(n, k, gated, m), "bytes": wbytes, "calls_per_graph": calls,
-                "cublas_us": cublas * 1e6, "cublas_tb_s": wbytes / cublas / 1e12,
-                "torch_path_us": torch_path * 1e6,
-                "best_config": best["config"] if best else None, "best_us": us(best),
-                "best_tb_s": wbytes / best["s"] / 1e12 if best else None,
-                "heuristic_config": heuristic, "heuristic_us": us(heur),
-                "chosen_config": chosen["config"], "chosen_us": us(chosen),
-                "timed": len(ok), "refused": len(results) - len(ok),
-                "cut": f"time budget: {len(results)} of {len(todo)} configs tried" if cut else None,
-                "errors": [r for r in results if "error" in r][:3],
-                "all": [(r["config"], round(r["s"] * 1e6, 2)) for r in ok],
-            }  # fmt: skip
+            row = sweep_row(
+                model, wname, n, k, gated, m, variant, calls, cublas, torch_path, heuristic, results
+            )
+            row["cut"] = f"time budget: {len(results)} of {len(todo)} configs tried" if cut else None
             rows_done.append(row)
             (out / "engine_kernels_sweep.json").write_text(json.dumps(rows_done, indent=1))
             fmt = lambda v: f"{v:.1f}" if v is not None else "-"  # noqa: E731
