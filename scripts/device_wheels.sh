@@ -5,12 +5,14 @@
 #       .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 # The image already has torch, numpy, safetensors, tokenizers, cupy-cuda13x, accelerate, matplotlib, pyarrow,
 # rich, httpx, prometheus-client, tqdm (/work/.library/device/KINDS.md). Versions: the ones installed here.
+# fastapi >= 0.16x imports opentelemetry-api (its telemetry hooks) and annotated-doc: without them the serving
+# GPU tests failed at import on the H200 (2026-12-05).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 mkdir -p .whl
 names=(tree-sitter tree-sitter-cuda watchdog pygls lsprotocol cattrs fastapi starlette pydantic pydantic-core
-    annotated-types typing-inspection uvicorn datasketch)
+    annotated-types typing-inspection uvicorn datasketch opentelemetry-api annotated-doc)
 pins=()
 for name in "${names[@]}"; do
     version=$(python3 -m pip show "$name" 2>/dev/null | awk '/^Version:/ {print $2}')
