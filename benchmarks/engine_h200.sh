@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
 # Issue 17 on one H200 (results under $OUT):
-#   bash benchmarks/engine_h200.sh check   # GPU tests of the engine + kernel sweep + per-kernel profile
-#   bash benchmarks/engine_h200.sh bench   # engine_bench.py: step times (torch graph, Triton, compiled) + rates
 #   bash benchmarks/engine_h200.sh final   # one call of < 560 s: GPU tests, sweep -> tuned-config table,
 #                                          # engine_bench with the table, profile with the table (see below)
+#   bash benchmarks/engine_h200.sh bench   # engine_bench.py with --compile: adds the torch.compile'd step
 # Dry run on a CPU first: python benchmarks/engine_kernels.py --smoke-cpu --out /tmp/k --write-configs;
 #                         python benchmarks/engine_bench.py --smoke-cpu --out /tmp/b
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
-MODE=${1:-check}
+MODE=${1:-final}
 mkdir -p "$OUT"
 # The packages the device image lacks (tree-sitter, pygls, ... for the test suite's imports): .whl/ from
 # scripts/device_wheels.sh, carried with the call (carry [".whl"]).
@@ -82,13 +81,6 @@ final() {
 }
 
 case "$MODE" in
-check)
-    nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
-    timeout 200 python3 -m pytest -q -m gpu tests/engine -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/gpu_tests.log"
-    timeout 120 python3 -m pytest -q tests/engine/test_triton_kernels.py -p no:cacheprovider 2>&1 | tail -3 \
-        | tee -a "$OUT/gpu_tests.log"
-    timeout 220 python3 benchmarks/engine_kernels.py --out "$OUT" 2>&1 | tee "$OUT/kernels.log" | tail -40
-    ;;
 bench)
     nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
     timeout 560 python3 benchmarks/engine_bench.py --out "$OUT" --budget-s 300 --new-tokens 128 \
@@ -98,7 +90,7 @@ final)
     final 2>&1 | tee "$OUT/final.log"
     ;;
 *)
-    echo "usage: $0 check|bench|final" >&2
+    echo "usage: $0 final|bench" >&2
     exit 2
     ;;
 esac

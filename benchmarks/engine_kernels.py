@@ -5,11 +5,11 @@
     grid of tiles, splits, warps and stages, timed as the engine runs them: R consecutive calls captured in
     one CUDA graph, each on another weight copy (> 200 MB in all, so the L2 holds none of them), replays
     timed with CUDA events, median / R. Each weight in the variant the fast forward runs (the residual add
-    after o and down). Every config is checked against
-    a float32 product first; configs the compiler refuses are skipped. The kernel binaries (~170) are
-    compiled first, in parallel processes. Per shape: the best config, the heuristic's (``skinny_config``
-    without a table), cuBLAS (F.linear; and the whole torch path, with the residual add), and
-    the one chosen for the table: the best only where it beats the heuristic by more than 3 % (the noise).
+    after o and down). Every config is checked against a float32 product first; configs the compiler
+    refuses are skipped. The kernel binaries (~170) are compiled first, in parallel processes. Per shape:
+    the best config, the heuristic's (``skinny_config`` without a table), cuBLAS (F.linear; and the whole
+    torch path, with the residual add), and the one chosen for the table: the best only where it beats the
+    heuristic's by more than 3 % (the noise).
     ``--write-configs`` writes those into ``engine/kernel_configs/<gpu>.json`` (``skinny_config`` reads
     it) and a copy into --out.
 (2) One denoising step (batch 1, 512-token prompt, 4 tokens) at the 1.7B and 8B shapes under
@@ -241,7 +241,9 @@ def time_configs(fn, x, wt, variant, extra, want, todo, calls, dev, t0, budget_s
     return results, cut
 
 
-def sweep_row(model, wname, n, k, gated, m, variant, calls, cublas, torch_path, heuristic, results) -> dict:
+def sweep_row(
+    model, wname, n, k, gated, m, variant, calls, cublas, torch_path, heuristic, results, cut
+) -> dict:
     """One sweep row: the best config, the heuristic's and the table's choice (the best only when it beats
     the heuristic's by more than MIN_GAIN, the timing noise), with cuBLAS for scale."""
     from engine import triton_kernels as tk
@@ -267,7 +269,7 @@ def sweep_row(model, wname, n, k, gated, m, variant, calls, cublas, torch_path, 
         "best_tb_s": wbytes / best["s"] / 1e12 if best else None,
         "heuristic_config": heuristic, "heuristic_us": us(heur),
         "chosen_config": chosen["config"], "chosen_us": us(chosen),
-        "timed": len(ok), "refused": len(results) - len(ok), "cut": None,
+        "timed": len(ok), "refused": len(results) - len(ok), "cut": cut,
         "errors": [r for r in results if "error" in r][:3],
         "all": [(r["config"], round(r["s"] * 1e6, 2)) for r in ok],
     }  # fmt: skip
@@ -321,11 +323,10 @@ def sweep(out: Path, dev: str, dtype: torch.dtype, quick: bool, budget_s: float 
             # The heuristic's config first: past the budget (compiles may run long) a row stops where it is.
             todo = [heuristic] + [c for c in plan[(n, k, gated, m)] if c != heuristic]
             results, cut = time_configs(fn, x, wt, variant, extra, want, todo, calls, dev, t0, budget_s)
-            ok = [r for r in results if "s" in r]
+            why_cut = f"time budget: {len(results)} of {len(todo)} configs tried" if cut else None
             row = sweep_row(
-                model, wname, n, k, gated, m, variant, calls, cublas, torch_path, heuristic, results
+                model, wname, n, k, gated, m, variant, calls, cublas, torch_path, heuristic, results, why_cut
             )
-            row["cut"] = f"time budget: {len(results)} of {len(todo)} configs tried" if cut else None
             rows_done.append(row)
             (out / "engine_kernels_sweep.json").write_text(json.dumps(rows_done, indent=1))
             fmt = lambda v: f"{v:.1f}" if v is not None else "-"  # noqa: E731
@@ -334,7 +335,7 @@ def sweep(out: Path, dev: str, dtype: torch.dtype, quick: bool, budget_s: float 
                 f"cublas {row['cublas_us']:.1f} us ({row['cublas_tb_s']:.2f} TB/s), "
                 f"best {fmt(row['best_us'])} us ({row['best_tb_s'] or 0:.2f} TB/s) {row['best_config']}, "
                 f"heuristic {heuristic} {fmt(row['heuristic_us'])} us -> {row['chosen_config']} "
-                f"[{len(ok)} timed, {len(results) - len(ok)} refused{', CUT' if cut else ''}]",
+                f"[{row['timed']} timed, {row['refused']} refused{', CUT' if cut else ''}]",
                 flush=True,
             )
         del wt

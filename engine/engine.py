@@ -92,8 +92,8 @@ class Engine:
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda"
         # kernels=None: the Triton step (engine.fast_forward) wherever it runs: inside CUDA graphs, bf16/fp16
-        # weights, not asked to torch.compile instead. On the H200 it took the 8B-shape step from 7.50 to
-        # 5.48 ms and the 1.7B's from 3.68 to 1.97 ms (benchmarks/results/engine_h200.md); the compiled
+        # weights, not asked to torch.compile instead. On the H200 it took the 8B-shape step from 7.60 to
+        # 4.87 ms and the 1.7B's from 3.74 to 1.77 ms (benchmarks/results/engine_h200.md); the compiled
         # graph gained far less (7.37 / 3.46 ms) after minutes of compiling, so compile stays opt-in.
         if kernels is None:
             kernels = bool(cuda_graphs) and not compile and fast_kernels_unavailable(model) is None

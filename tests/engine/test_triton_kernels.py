@@ -73,7 +73,8 @@ def test_a_tuned_table_is_looked_up_by_device_and_shape(tk, tmp_path, monkeypatc
     heuristic = tk.skinny_config(2048, 2048, False, 4, "")
     (tmp_path / "Some_GPU_X.json").write_text(
         '{"device": "Some GPU-X", "skinny": {"2048x2048xlinearx4": [32, 128, 1, 8, 3],'
-        ' "2048x2048xlinearx8": [16, 128, 8, 4, 3], "2048x2048xgatedx4": [16, 128, 2, 4, 3]}}'
+        ' "2048x2048xlinearx8": [16, 128, 8, 4, 3], "2048x2048xgatedx4": [16, 128, 2, 4, 3],'
+        ' "2048x1152xlinearx4": [16, 256, 1, 4, 3]}}'
     )
     (tmp_path / "Broken.json").write_text("{not json")
     monkeypatch.setattr(tk, "CONFIG_DIR", tmp_path)
@@ -87,6 +88,8 @@ def test_a_tuned_table_is_looked_up_by_device_and_shape(tk, tmp_path, monkeypatc
         assert tk.skinny_config(2048, 2048, False, 16, "Some GPU-X") == heuristic  # no 16-row entry
         assert tk.skinny_config(2048, 2048, True, 4, "Some GPU-X")[2] == 1  # gated: never split
         assert tk.skinny_config(4096, 2048, False, 4, "Some GPU-X") == tk.skinny_config(4096, 2048)
+        not_dividing = tk.skinny_config(2048, 1152, False, 4, "Some GPU-X")  # 1152 is no multiple of 256
+        assert not_dividing == tk.skinny_config(2048, 1152)
         assert tk.skinny_config(2048, 2048, False, 4, "Broken") == heuristic
         assert tk.skinny_config(2048, 2048, False, 4, "Other GPU") == heuristic
     finally:
