@@ -39,6 +39,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--limit", type=int, default=None, help="read at most N records per source")
     b.add_argument("--strict", action="store_true", help="tolerance 1e-4 instead of 1e-2")
     b.add_argument("--workers", type=int, default=None, help="validator workers (default: the pool's)")
+    b.add_argument(
+        "--shape-variants",
+        type=int,
+        default=4,
+        metavar="N",
+        help="re-pose each kept pair at up to N other input shapes, each validated (GPU only; 0: none)",
+    )
+    b.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop validating after this long and write what is done (the card says partial); "
+        "the same command again resumes from OUT/cache",
+    )
     b.add_argument("--cu-holes-per-file", type=int, default=3)
     b.set_defaults(func=run_build)
 
@@ -55,6 +70,10 @@ def run_build(args: argparse.Namespace) -> int:
         raise CliError(f"unknown --format {args.format!r} (use one of {', '.join(readers.FORMATS)})")
     if args.min_speedup <= 0:
         raise CliError("--min-speedup must be > 0")
+    if args.shape_variants < 0:
+        raise CliError("--shape-variants must be >= 0")
+    if args.time_budget is not None and args.time_budget <= 0:
+        raise CliError("--time-budget must be > 0 seconds")
     if not 0 <= args.holdout_fraction < 1:
         raise CliError("--holdout-fraction must be in [0, 1)")
     if not args.no_gpu:
@@ -77,6 +96,8 @@ def run_build(args: argparse.Namespace) -> int:
         strict=args.strict,
         workers=args.workers,
         cu_holes_per_file=args.cu_holes_per_file,
+        shape_variants=args.shape_variants,
+        time_budget_s=args.time_budget,
         command="dice " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["cuke"] else "dice cuke build",
     )
     try:

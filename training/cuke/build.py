@@ -41,7 +41,8 @@ class BuildConfig:
     deadline_s: float = 900.0
     cu_holes_per_file: int = 3
     cu_holdout_fraction: float = 0.1
-    shape_variants: bool = True
+    shape_variants: int = 4  # at most this many re-posed shapes per kept pair (0: none)
+    time_budget_s: float | None = None  # validation stops after this long; a rerun resumes (the cache)
     teacher_samples: int = 4
     command: str = "dice cuke build"
     extra: dict[str, Any] = field(default_factory=dict)
@@ -68,6 +69,8 @@ class BuildConfig:
             "teacher": self.teacher,
             "limit": self.limit,
             "strict": self.strict,
+            "shape_variants": self.shape_variants,
+            "time_budget_s": self.time_budget_s,
         }
 
 
@@ -161,12 +164,13 @@ def build(
             from dice.validator import ValidatorPool
 
             pool = ValidatorPool(workers=cfg.workers, gpu=not cfg.no_gpu)
+        deadline = None if cfg.time_budget_s is None else time.monotonic() + cfg.time_budget_s
         try:
             t = time.perf_counter()
-            kept = _validate(cfg, rep, train, pool)
+            kept = _validate(cfg, rep, train, pool, deadline, phase="pairs")
             rep.timings["validate"] = time.perf_counter() - t
             t = time.perf_counter()
-            kept += _augment(cfg, rep, kept, pool, teacher)
+            kept += _augment(cfg, rep, kept, pool, teacher, deadline)
             rep.timings["augment"] = time.perf_counter() - t
         finally:
             if own_pool:
@@ -211,13 +215,36 @@ def _split(cfg: BuildConfig, rep: Report, got: _Read) -> tuple[list[Pair], set[s
     return unique, heldout
 
 
-def _validate(cfg: BuildConfig, rep: Report, pairs: list[Pair], pool: Any) -> list[Pair]:
+def _validate(
+    cfg: BuildConfig,
+    rep: Report,
+    pairs: list[Pair],
+    pool: Any,
+    deadline: float | None = None,
+    *,
+    phase: str,
+) -> list[Pair]:
+    """Validate ``pairs`` (cached verdicts first); past ``deadline`` (a ``time.monotonic()`` instant) the rest
+    are counted ``pending``, never dropped or guessed: a rerun of the same command validates only them."""
+    from dice.validator.batch import BatchStats
+
     cache = VerdictCache(cfg.out / "cache" / "verdicts.jsonl")
+    stats = BatchStats()
+    budget = None if deadline is None else max(0.0, deadline - time.monotonic())
     kept = []
+    answered: set[int] = set()
     try:
         for pair, chk in validate_pairs(
-            pairs, pool=pool, cache=cache, mode=cfg.mode, strict=cfg.strict, deadline_s=cfg.deadline_s
+            pairs,
+            pool=pool,
+            cache=cache,
+            mode=cfg.mode,
+            strict=cfg.strict,
+            deadline_s=cfg.deadline_s,
+            budget_s=budget,
+            stats=stats,
         ):
+            answered.add(id(pair))
             src = pair.source
             rep.count("validated", src)
             rep.statuses[chk.status] += 1
@@ -236,10 +263,16 @@ def _validate(cfg: BuildConfig, rep: Report, pairs: list[Pair], pool: Any) -> li
                 kept.append(pair)
     finally:
         cache.close()
+    for pair in pairs:
+        if pair.cuda_code is not None and id(pair) not in answered:
+            rep.count("pending", pair.source)
+    rep.validation[phase] = stats.to_json() | {"cached": len(answered) - stats.finished}
     return kept
 
 
-def _augment(cfg: BuildConfig, rep: Report, kept: list[Pair], pool: Any, teacher: Any) -> list[Pair]:
+def _augment(
+    cfg: BuildConfig, rep: Report, kept: list[Pair], pool: Any, teacher: Any, deadline: float | None = None
+) -> list[Pair]:
     """Shape variants of the kept pairs and teacher kernels for the layer blocks, validated like the rest
     (GPU mode only: compile-only verdicts say nothing about a shape). Without a teacher: the plan's counts."""
     from training.cuke import augment
@@ -248,17 +281,19 @@ def _augment(cfg: BuildConfig, rep: Report, kept: list[Pair], pool: Any, teacher
     if teacher is None and cfg.teacher:
         # an endpoint's key from the environment, never a flag (it would land in the card's command line)
         teacher = augment.teacher_from_arg(cfg.teacher, **_teacher_options(cfg.teacher, os.environ))
-    rep.augmentation = augment.augmentation_plan(kept, blocks, teacher, samples=cfg.teacher_samples)
+    rep.augmentation = augment.augmentation_plan(
+        kept, blocks, teacher, samples=cfg.teacher_samples, max_variants=max(cfg.shape_variants, 0)
+    )
     rep.augmentation["mode"] = cfg.mode
     if cfg.mode != "gpu" and teacher is None:
         rep.augmentation["note"] = "compile-only build: no shape variants validated, no teacher"
         return []
     extra: list[Pair] = []
-    if cfg.mode == "gpu" and cfg.shape_variants:
-        extra += [v for p in kept for v in augment.shape_variants(p)]
+    if cfg.mode == "gpu" and cfg.shape_variants > 0:
+        extra += [v for p in kept for v in augment.shape_variants(p, max_variants=cfg.shape_variants)]
     if teacher is not None:
         extra += augment.teacher_candidates(blocks, teacher, cfg.teacher_samples)
-    got = _validate(cfg, rep, extra, pool) if extra else []
+    got = _validate(cfg, rep, extra, pool, deadline, phase="augmentation") if extra else []
     rep.augmentation["validated"] = len(extra)
     rep.augmentation["kept"] = len(got)
     return got

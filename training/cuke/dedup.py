@@ -219,7 +219,12 @@ def _same_problem(a: Pair, b: Pair, threshold: float) -> bool:
     """The references pose the same problem. Known keys decide when both have one: the same key is the same
     problem (in either version: the same operator at other sizes), two keys of one version are two problems
     (KernelBench made them distinct, even where only sizes differ). Else the references' text decides:
-    exact or near-equal (Jaccard >= threshold)."""
+    exact or near-equal (Jaccard >= threshold). A shape variant (augmentation) poses its problem at other
+    sizes: it is the same problem only as a variant of the same sizes, so a kernel's variants are not
+    duplicates of it or of each other (DICE keeps one sample per shape), while two near-equal kernels'
+    variants at one size are."""
+    if a.meta.get("variant") != b.meta.get("variant"):
+        return False
     if a.problem and b.problem and a.kb_version and b.kb_version:
         if a.problem == b.problem:
             return True

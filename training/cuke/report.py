@@ -19,6 +19,7 @@ STAGES = (
     ("held_out", "held out (problem in the evaluation split)"),
     ("exact_duplicates", "exact duplicates dropped before validation"),
     ("validated", "validated"),
+    ("pending", "not validated within the time budget (a rerun resumes)"),
     ("compiled", "compiled"),
     ("correct", "correct (full protocol)"),
     ("fast", "correct and >= min speedup"),
@@ -44,6 +45,7 @@ class Report:
     projects: dict[str, dict[str, Any]] = field(default_factory=dict)  # CUDA corpus: repo -> licence, commit
     read_errors: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    validation: dict[str, Any] = field(default_factory=dict)  # per phase: the batch run's BatchStats
     sources: list[dict[str, Any]] = field(default_factory=list)
 
     def count(self, stage: str, source: str, n: int = 1) -> None:
@@ -73,6 +75,7 @@ class Report:
             "projects": self.projects,
             "read_errors": self.read_errors[:50],
             "timings_s": {k: round(v, 2) for k, v in self.timings.items()},
+            "validation": self.validation,
             "sources": self.sources,
         }
 
@@ -182,6 +185,16 @@ def write_card(rep: Report, path: Path) -> None:
         "",
         f"**What was checked: {s.get('mode_words')}.**",
         "",
+        *(
+            [
+                f"**Partial build: {rep.funnel['pending']} candidates were not validated within the time "
+                f"budget ({s.get('time_budget_s')} s)**; their kernels are in no task file. Running the same "
+                "command again resumes from `cache/verdicts.jsonl` and validates only them.",
+                "",
+            ]
+            if rep.funnel.get("pending")
+            else []
+        ),
         f"- minimum speedup over eager PyTorch: {s.get('min_speedup')} (timed live on this machine's GPU)"
         if s.get("mode") == "gpu"
         else "- no GPU: nothing was run or timed; kept pairs are *compiled only* (Python syntax, the static "
@@ -190,7 +203,8 @@ def write_card(rep: Report, path: Path) -> None:
         f"{s.get('heldout_problems', 0)} KernelBench problems held out (both versions), listed in "
         "`heldout_problems.jsonl`",
         f"- machine: {json.dumps(d['machine'])}",
-        f"- limit per source: {s.get('limit')}; teacher: {s.get('teacher') or 'none'}",
+        f"- limit per source: {s.get('limit')}; teacher: {s.get('teacher') or 'none'}; shape variants per "
+        f"kept pair: at most {s.get('shape_variants')}",
         "",
         "## Sources",
         "",
@@ -218,6 +232,12 @@ def write_card(rep: Report, path: Path) -> None:
     lines += [f"| {f['what']} | {f['count']} |" for f in d["funnel"]]
     if rep.guards:
         lines += ["", "Rejected by guard: " + ", ".join(f"`{g}` {n}" for g, n in rep.guards.most_common())]
+    for phase, st in rep.validation.items():
+        lines.append(
+            f"- validation ({phase}): {st.get('finished', 0)} verdicts in {st.get('elapsed_s', 0)} s "
+            f"({st.get('per_minute', 0)}/min), {st.get('cached', 0)} from the cache; extensions built "
+            f"{st.get('builds_built', 0)}, cached {st.get('builds_cached', 0)}"
+        )
     lines += ["", "## Levels of the kept pairs", ""]
     lines += [f"- level {k}: {v}" for k, v in d["levels"].items()] or ["- none"]
     if rep.contamination:

@@ -120,12 +120,16 @@ def validate_pairs(
     mode: str,
     strict: bool = False,
     deadline_s: float | None = 900.0,
+    budget_s: float | None = None,
+    stats: Any = None,
     on_result: Callable[[Pair, Checked, bool], None] | None = None,
 ) -> Iterator[tuple[Pair, Checked]]:
     """Yield ``(pair, checked)`` for every pair with a candidate: cached verdicts first (``on_result``'s last
     argument says whether it came from the cache), then the rest through ``validate_many`` on ``pool`` as
-    they finish. ``pool`` is a :class:`dice.validator.ValidatorPool` (or anything with its
-    ``submit_kernelbench``; tests stub it there). References the validator refuses get a ``runtime_error``."""
+    they finish. ``budget_s`` ends the uncached part after that many seconds (the pairs not answered by then
+    get no verdict and no cache line: a rerun validates them); ``stats``, a ``BatchStats``, is filled.
+    ``pool`` is a :class:`dice.validator.ValidatorPool` (or anything with its ``submit_kernelbench``; tests
+    stub it there). References the validator refuses get a ``runtime_error``."""
     from dice.validator import InvalidReference, Verdict
     from dice.validator.batch import BatchTask, validate_many
     from dice.validator.reference import check_reference
@@ -167,7 +171,7 @@ def validate_pairs(
         )
         for p, key in todo
     )
-    for task, verdict in validate_many(pool, tasks):
+    for task, verdict in validate_many(pool, tasks, budget_s=budget_s, stats=stats):
         pair, key = task.key
         row = _checked(pair, key, mode, verdict)
         cache.put(row)

@@ -65,14 +65,18 @@ class StubPool:
 
     workers = 2
 
-    def __init__(self, fail: bool = False) -> None:
-        self.calls, self.fail = 0, fail
+    def __init__(self, fail: bool = False, hang: bool = False) -> None:
+        self.calls, self.fail, self.hang = 0, fail, hang
 
     def submit_kernelbench(self, ref_src, cand_src, *, strict=False, timing=True, not_run=None):
         if self.fail:
             raise AssertionError("a resumed build validated again")
         self.calls += 1
         words = re.search(r"# STUB (.*)", cand_src).group(1).split()
+        if words[0] == "slow":  # a validation that has not finished when the build's time budget ends
+            if self.hang:
+                return concurrent.futures.Future()
+            words = words[1:]
         if words[0] == "correct":
             s = float(words[1])
             v = Verdict("correct", True, True, speedup=s, ref_ms=1.0, new_ms=1 / s)
@@ -141,7 +145,7 @@ def _read(path):
 
 def test_build_keeps_correct_and_fast_pairs_and_writes_every_file(tmp_path, sources):
     out = tmp_path / "out"
-    cfg = BuildConfig(sources=sources[:2], out=out, holdout_fraction=0.25, seed=1, shape_variants=False)
+    cfg = BuildConfig(sources=sources[:2], out=out, holdout_fraction=0.25, seed=1, shape_variants=0)
     pool = StubPool()
     rep = build(cfg, pool=pool, compile_check=lambda text: True)
     for name in (*TASK_FILES, "heldout_problems.jsonl", "report.json", "report.png", "card.md"):
@@ -184,7 +188,7 @@ def test_build_keeps_correct_and_fast_pairs_and_writes_every_file(tmp_path, sour
 
 def test_a_killed_build_resumes_from_its_verdict_cache(tmp_path, sources):
     out = tmp_path / "out"
-    cfg = BuildConfig(sources=sources[:1], out=out, holdout_fraction=0, shape_variants=False)
+    cfg = BuildConfig(sources=sources[:1], out=out, holdout_fraction=0, shape_variants=0)
     first = build(cfg, pool=StubPool(), compile_check=lambda text: True)
     lines = (out / "cache" / "verdicts.jsonl").read_text().splitlines()
     # cut the cache as a kill mid-write would: the last line half written
@@ -195,6 +199,58 @@ def test_a_killed_build_resumes_from_its_verdict_cache(tmp_path, sources):
     assert second.funnel["kept"] == first.funnel["kept"]
     third = build(cfg, pool=StubPool(fail=True), compile_check=lambda text: True)
     assert third.funnel["kept"] == first.funnel["kept"]
+
+
+def test_a_time_budget_leaves_the_rest_pending_and_a_rerun_validates_only_them(tmp_path, sources):
+    rows = _read(sources[0])
+    rows[5]["cuda_code"] = rows[5]["cuda_code"].replace("# STUB correct", "# STUB slow correct")  # abs
+    sources[0].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    cfg = BuildConfig(sources=sources[:1], out=out, holdout_fraction=0, shape_variants=0, time_budget_s=0.3)
+    first = build(cfg, pool=StubPool(hang=True), compile_check=lambda text: True)
+    assert first.funnel["pending"] == 1 and sum(c["pending"] for c in first.by_source.values()) == 1
+    assert first.funnel["validated"] == 7  # 9 pairs, 1 exact duplicate, 1 pending
+    assert not any("fabsf" in r["response"] for r in _read(out / "sft.jsonl"))
+    card = (out / "card.md").read_text()
+    assert "Partial build: 1 candidates were not validated" in card
+    report = json.loads((out / "report.json").read_text())
+    assert report["validation"]["pairs"]["dropped"] == 1 and report["validation"]["pairs"]["finished"] == 7
+    pool = StubPool()
+    second = build(cfg, pool=pool, compile_check=lambda text: True)
+    assert pool.calls == 1 and second.funnel["pending"] == 0 and second.funnel["validated"] == 8
+    assert any("fabsf" in r["response"] for r in _read(out / "sft.jsonl"))
+    assert "Partial build" not in (out / "card.md").read_text()
+
+
+def test_shape_variants_are_validated_and_kept_as_samples_of_their_own(tmp_path):
+    """A kept kernel re-posed at other sizes is one sample per shape (not a near duplicate of itself); a
+    variant the validator finds incorrect at its shape is not kept."""
+    pairs = [
+        _pair(0, "relu", "correct 3.0", "fmaxf(x[i], 0.f)"),
+        _pair(5, "abs", "correct 2.5", "fabsf(x[i])"),
+    ]
+    src = tmp_path / "pairs.jsonl"
+    src.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+
+    class ShapePool(StubPool):
+        def submit_kernelbench(self, ref_src, cand_src, **kw):
+            if "abs_batch = 32" in ref_src:  # the abs kernel fails at twice its batch
+                cand_src = cand_src.replace("# STUB correct 2.5", "# STUB incorrect")
+            return super().submit_kernelbench(ref_src, cand_src, **kw)
+
+    out = tmp_path / "out"
+    rep = build(
+        BuildConfig(sources=[src], out=out, holdout_fraction=0, shape_variants=2),
+        pool=ShapePool(),
+        compile_check=lambda text: True,
+    )
+    assert rep.augmentation["validated"] == 4 and rep.augmentation["kept"] == 3
+    assert rep.funnel["near_duplicates"] == 0 and rep.funnel["kept"] == 5
+    prompts = [r["prompt"] for r in _read(out / "sft.jsonl")]
+    assert len(set(prompts)) == 5
+    for size in (8, 16, 32):
+        assert sum(f"relu_batch = {size}\n" in p for p in prompts) == 1
+    assert not any("abs_batch = 32" in p for p in prompts)
 
 
 def test_cu_tasks_hold_out_by_project_and_file_before_cutting(tmp_path, sources):
