@@ -33,10 +33,10 @@ The trainer's flags (what a real run on one GPU would use), and why:
   DICE's lr 1e-6 is far below a bf16 weight's rounding step, so bf16 weights would not move.
   ``--rollout-dtype bfloat16`` (a synced 3.4 GB copy) and ``--compile yes`` (flex attention fused; uncompiled
   it materialises the scores): the trainer's CUDA defaults, given explicitly.
-- ``--no-rollout-cuda-graphs``: the graph runner keeps one K/V cache per (rows, length) it has seen, through
-  the update too; at 1.7B, 256 rows x ~3.3k slots are ~98 GB, so a second chunk with another longest prompt
-  (another cache), or the update, would not fit. The eager runner frees each chunk's cache; at 256 rows a
-  decode step is bound by reading the K/V, where graphs gain little (``--rollout-cuda-graphs`` to try).
+- ``--no-rollout-cuda-graphs``: at 256 rows a decode step is bound by reading the K/V, where graphs gain
+  little (``--rollout-cuda-graphs`` to try). Either runner now gives its K/V caches back before the update
+  (``Engine.release_buffers``), and the trainer's ``--rollout-kv-gb`` (auto: 40 % of the free GPU memory)
+  lowers the rows per chunk so that one chunk's cache fits: 256 rows x ~3.3k slots would be ~98 GB at 1.7B.
 - ``--packed`` (the trainer's own departure): a sample's masked copies in one sequence, its prompt computed
   once. DICE's rows layout runs 4 x (prompt + 2 x response) tokens a sample: ~3.5x the update's compute at
   2.4k-token prompts, 5+ minutes of update alone (``--layout rows`` to measure it).

@@ -142,6 +142,21 @@ class Engine:
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
 
+    def release_buffers(self) -> None:
+        """Give back the memory kept between generations: the prefix cache, and the graph runner's captured
+        graphs and K/V caches (CUDA's cached blocks go back to the device too). Generation still works
+        after it; the next one allocates and captures again."""
+        self.clear_prefix_cache()
+        self.runner.release()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def kv_bytes_per_slot(self) -> int:
+        """Bytes of K/V one cache slot of one row takes: 2 x layers x kv heads x head_dim x dtype size."""
+        cfg = self.model.config
+        itemsize = self.model.lm_head.weight.element_size()
+        return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * itemsize
+
     @property
     def config(self) -> ModelConfig:
         return self.model.config

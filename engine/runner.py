@@ -41,6 +41,9 @@ class EagerRunner:
     def prepare(self, cache: KVCache, lengths: tuple[int, ...], block_size: int) -> None:
         """Called once per generation before prefill (graph capture hook)."""
 
+    def release(self) -> None:
+        """Drop what the runner keeps between generations (nothing here)."""
+
     def prefill(self, cache: KVCache, ids: Tensor, pos: Tensor, start: int = 0) -> None:
         """Write the K/V of (B, T) prompt tokens at slots [start, start + T) (whole blocks)."""
         start_t = torch.full((1,), start, dtype=torch.long, device=ids.device)
@@ -90,6 +93,14 @@ class CudaGraphRunner(EagerRunner):
         if key not in self._caches:
             self._caches[key] = super().new_cache(batch_size, max_slots, block_size)
         return self._caches[key]
+
+    def release(self) -> None:
+        """Drop every captured graph and preallocated cache (the next generation captures again). A trainer
+        calls this between its rollouts and its update: one cache per (rows, slots) shape is kept for reuse,
+        and at 1.7B a cache of 256 rows x 3,328 slots holds 98 GB the update needs."""
+        self._graphs.clear()
+        self._caches.clear()
+        self._pool = torch.cuda.graph_pool_handle()  # the old pool's blocks go when its graphs do
 
     def prepare(self, cache: KVCache, lengths: tuple[int, ...], block_size: int) -> None:
         for length in lengths:

@@ -72,6 +72,15 @@ def test_cuda_graph_path_equals_eager_path(tiny_ckpt, tmp_path):
             assert ca == pytest.approx(cb, abs=1e-5)
         # replaying the same captured graphs again (cache reuse) gives the same answer
         assert graphs.generate(prompts, max_new_tokens=24, stop_ids=[], **kwargs).ids == b.ids
+    # a trainer gives the graphs and caches back between rollouts and update; the next generation recaptures
+    held = torch.cuda.memory_allocated()
+    graphs.release_buffers()
+    assert not graphs.runner._graphs and not graphs.runner._caches
+    assert torch.cuda.memory_allocated() < held
+    assert (
+        graphs.generate(prompts, max_new_tokens=24, stop_ids=[]).ids
+        == eager.generate(prompts, max_new_tokens=24, stop_ids=[]).ids
+    )
 
 
 @pytest.mark.parametrize("kernels", [False, True], ids=["torch-kernels", "triton-kernels"])

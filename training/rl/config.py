@@ -55,6 +55,13 @@ class RLConfig(CliConfig):
     rollout_rows: int = field(
         default=256, metadata={"help": "rows per engine batch in the rollouts (samples decoded together)"}
     )
+    rollout_kv_gb: float = field(
+        default=-1.0,
+        metadata={
+            "help": "cap on one rollout chunk's K/V cache in GB: fewer rows per chunk when it binds "
+            "(-1: 40%% of the GPU memory free when the step's rollouts start; 0: no cap)"
+        },
+    )
     rollout_dtype: str = field(
         default="auto",
         metadata={
@@ -239,6 +246,10 @@ class RLConfig(CliConfig):
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{_flag(name)} must be positive, got {getattr(self, name)}")
+        if self.rollout_kv_gb < 0 and self.rollout_kv_gb != -1:
+            raise ValueError(
+                f"--rollout-kv-gb must be -1 (auto), 0 (no cap) or positive, got {self.rollout_kv_gb}"
+            )
         for name in (
             "steps",
             "eval_every",

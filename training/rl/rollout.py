@@ -202,6 +202,7 @@ class RolloutSettings:
     seed: int = 0
     batch_rows: int | None = None
     stop_at_suffix: bool = True
+    kv_budget_bytes: int | None = None  # cap on one chunk's K/V cache: fewer rows per chunk when it binds
 
 
 def rollout(
@@ -251,7 +252,8 @@ def rollout_chunks(
     prompts = [tok.encode(t.prompt) for t in tasks]
     plans = [infill_plan(t) if settings.stop_at_suffix else None for t in tasks]
     limit = engine.config.max_position_embeddings
-    for c, pieces in enumerate(plan_chunks(len(tasks), settings.group_size, settings.batch_rows)):
+    rows = rows_within_budget(engine, prompts, settings)
+    for c, pieces in enumerate(plan_chunks(len(tasks), settings.group_size, rows)):
         row_tasks = [t for t, _first, n in pieces for _ in range(n)]
         row_samples = [first + j for _t, first, n in pieces for j in range(n)]
         longest = max(len(prompts[t]) for t in row_tasks)
@@ -286,6 +288,25 @@ def rollout_chunks(
             done.append((t, first, made[row : row + n]))
             row += n
         yield done
+
+
+def rows_within_budget(
+    engine: Engine, prompts: Sequence[Sequence[int]], settings: RolloutSettings
+) -> int | None:
+    """``settings.batch_rows``, lowered so that one chunk's K/V cache (rows x the slots the longest prompt
+    and the length cap need, rounded as the engine rounds) stays within ``settings.kv_budget_bytes``; at
+    least one row. None (one chunk) when neither bounds it."""
+    rows = settings.batch_rows
+    if settings.kv_budget_bytes is None or not prompts:
+        return rows
+    from engine.decode import slots_needed
+
+    limit = engine.config.max_position_embeddings
+    longest = max(len(p) for p in prompts)
+    new = max(1, min(settings.max_new_tokens, limit - longest))
+    slots = -(-slots_needed([longest], settings.block_size, new) // 256) * 256
+    fit = max(1, settings.kv_budget_bytes // (slots * engine.kv_bytes_per_slot()))
+    return fit if rows is None else min(rows, fit)
 
 
 def _make_rollout(

@@ -431,6 +431,7 @@ class RLTrainer:
             max_new_tokens=cfg.max_new_tokens,
             seed=step_seed(cfg.seed, step, self.rank),
             batch_rows=cfg.rollout_rows,
+            kv_budget_bytes=self._kv_budget_bytes(),
         )
         n = settings.group_size
         groups: list[list] = [[None] * n for _ in tasks]
@@ -449,6 +450,8 @@ class RLTrainer:
                             self.reward.submit([tasks[t] for t, _, _ in pieces], [r for _, _, r in pieces]),
                         )
                     )
+        # the K/V caches and graphs the chunks used would sit through the update (98 GB at 1.7B, 256 rows)
+        self.engine.release_buffers()
         rollout_s = time.perf_counter() - t0
         if not cfg.overlap_rewards and tasks:
             whole = [(t, 0, groups[t]) for t in range(len(tasks))]
@@ -458,6 +461,17 @@ class RLTrainer:
                 scores[t][first : first + len(rows)] = got
         self.policy.train()
         return StepData(tasks, groups, scores, rollout_s, time.perf_counter() - t0 - rollout_s)
+
+    def _kv_budget_bytes(self) -> int | None:
+        """``--rollout-kv-gb`` in bytes; auto (-1): 40 % of the GPU memory free now, on CUDA (no cap on
+        the CPU). Measured each step: the optimizer's state appears after the first update."""
+        gb = self.cfg.rollout_kv_gb
+        if gb > 0:
+            return int(gb * 1e9)
+        if gb == 0 or not self.cuda:
+            return None
+        free, _total = torch.cuda.mem_get_info(self.accelerator.device)
+        return int(0.4 * free)
 
     # --------------------------------------------------------------------------------------------- update
 

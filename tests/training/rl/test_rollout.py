@@ -15,12 +15,15 @@ from training.cuke.records import Pair
 from training.cuke.tasks import e2e_record, infill_record
 from training.rl.rollout import (
     Rollout,
+    RolloutSettings,
     SuffixWatch,
     _make_rollout,
     _RowWatch,
     plan_chunks,
     rollout,
+    rollout_chunks,
     rollout_stats,
+    rows_within_budget,
 )
 from training.rl.tasks import (
     MASK,
@@ -348,6 +351,37 @@ def test_sampled_rollout_reproducible_per_batch_rows(engine):
     a = rollout(engine, tasks, group_size=3, max_new_tokens=8, seed=3, batch_rows=2)
     assert rollout(engine, tasks, group_size=3, max_new_tokens=8, seed=3, batch_rows=2) == a
     assert [[r.sample for r in g] for g in a] == [[0, 1, 2], [0, 1, 2]]
+
+
+def test_a_kv_budget_lowers_the_rows_per_chunk_and_release_frees_the_engine(engine):
+    """One chunk's K/V cache is rows x slots x bytes per slot; a budget of three rows' worth decodes the
+    groups three rows at a time (a group cut into pieces), greedy results unchanged; the engine still
+    generates after ``release_buffers``."""
+    tasks = toy_tasks(2)
+    prompts = [engine.tokenizer.encode(t.prompt) for t in tasks]
+    base = RolloutSettings(group_size=4, temperature=0.0, max_new_tokens=12)
+    per_row = 256 * engine.kv_bytes_per_slot()  # the slots of these prompts round up to one 256-slot page
+    cfg = engine.config
+    assert (
+        engine.kv_bytes_per_slot() == 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
+    )
+    assert rows_within_budget(engine, prompts, base) is None
+    capped = RolloutSettings(
+        group_size=4, temperature=0.0, max_new_tokens=12, kv_budget_bytes=3 * per_row + 1
+    )
+    assert rows_within_budget(engine, prompts, capped) == 3
+    assert rows_within_budget(engine, prompts, RolloutSettings(batch_rows=2, kv_budget_bytes=10**12)) == 2
+    assert rows_within_budget(engine, prompts, RolloutSettings(kv_budget_bytes=1)) == 1
+    chunks = list(rollout_chunks(engine, tasks, capped))
+    assert [sum(len(rows) for _t, _f, rows in c) for c in chunks] == [3, 1, 3, 1]
+    whole = rollout(engine, tasks, group_size=4, temperature=0.0, max_new_tokens=12)
+    got = [[None] * 4 for _ in tasks]
+    for c in chunks:
+        for t, first, rows in c:
+            got[t][first : first + len(rows)] = rows
+    assert got == whole
+    engine.release_buffers()
+    assert rollout(engine, tasks, group_size=4, temperature=0.0, max_new_tokens=12) == whole
 
 
 def test_plan_chunks():
