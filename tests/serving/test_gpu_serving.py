@@ -1,5 +1,12 @@
 """``dice serve`` on a GPU: the embedded model on CUDA, batched answers against one-by-one ones, and the
-remote backend against the in-process engine on the same device."""
+remote backend against the in-process engine on the same device.
+
+The engine is loaded in float32 here: these tests check the server (a request in a batch is answered as if
+alone, a remote fill equals the in-process one), and only in float32 do one request and sixteen run the same
+kernels. In bf16 (CUDA's default) one request's 4 rows per step take the Triton skinny products and sixteen
+requests' 64 rows take cuBLAS (``engine.triton_kernels.MAX_ROWS`` = 16): two roundings, either of which can
+flip a greedy near-tie, as with any server that batches (docs/SERVING.md). Those two bf16 paths are
+checked against each other at the logits level in ``tests/engine/test_gpu_engine.py``."""
 
 from __future__ import annotations
 
@@ -22,7 +29,7 @@ def gpu_served():
     import engine
     from dice.serving import ServeConfig, start_in_thread
 
-    eng = engine.load_engine(None, device="cuda")
+    eng = engine.load_engine(None, device="cuda", dtype=torch.float32)
     with start_in_thread(eng, ServeConfig(model_name="dice-tiny")) as running:
         yield eng, running
 
