@@ -20,16 +20,20 @@ for the heaviest TU of realproj (``benchmarks/results/realproj_compile.md``).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import math
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +79,16 @@ _BOOT = "import sys; sys.path[:1] = []; import runpy; runpy.run_path(sys.argv[1]
 STARTUP_TIMEOUT_S = 120.0
 
 
+_LIVE: weakref.WeakSet[NvrtcProcess] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """Each NVRTC child's PCH folder goes with this process (after a kill: the system's /tmp cleanup)."""
+    for proc in list(_LIVE):
+        proc.close()
+
+
 class NvrtcProcess:
     """This process's NVRTC child (:mod:`dice.validator.nvrtc_child`): started on first use (or by
     :meth:`start`), killed at a compile's deadline or when it dies, and started afresh for the next one.
@@ -90,6 +104,8 @@ class NvrtcProcess:
         self._memory = 0
         self._owner = 0
         self._ready = False
+        self._pch_dir: str | None = None  # the child's automatic-PCH folder (nvrtc_child), removed with it
+        _LIVE.add(self)
 
     @property
     def pid(self) -> int | None:
@@ -142,13 +158,31 @@ class NvrtcProcess:
         if self._proc is not None:
             return
         read_fd, write_fd = os.pipe()
+        # DICE_NVRTC_PCH=0 turns NVRTC's automatic PCH off (benchmarks/nvrtc_pch.py compares both)
+        pch = os.environ.get("DICE_NVRTC_PCH", "1") != "0"
+        self._pch_dir = tempfile.mkdtemp(prefix="dice-nvrtc-pch-") if pch else None
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, _CHILD, str(write_fd), str(memory), str(os.getpid())],
+                [
+                    sys.executable,
+                    "-c",
+                    _BOOT,
+                    _CHILD,
+                    str(write_fd),
+                    str(memory),
+                    str(os.getpid()),
+                    self._pch_dir or "",
+                ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 pass_fds=(write_fd,),
             )
+        except BaseException:
+            os.close(read_fd)
+            if self._pch_dir is not None:
+                shutil.rmtree(self._pch_dir, ignore_errors=True)
+            self._pch_dir = None
+            raise
         finally:
             os.close(write_fd)
         self._fd, self._buffer, self._memory, self._owner = read_fd, b"", memory, os.getpid()
@@ -193,6 +227,9 @@ class NvrtcProcess:
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
+        if self._pch_dir is not None and mine:
+            shutil.rmtree(self._pch_dir, ignore_errors=True)
+        self._pch_dir = None
         return code
 
 

@@ -85,6 +85,45 @@ def test_nvrtc_is_stopped_at_its_deadline_and_its_process_replaced() -> None:
     assert again.ok and NVRTC.pid is not None and NVRTC.pid != os.getpid()
 
 
+def test_nvrtc_reuses_a_private_precompiled_header_without_changing_a_verdict() -> None:
+    """The child compiles with NVRTC's automatic PCH in a folder of its own, removed with it; a file whose
+    preprocessing differs from the PCH's (a macro before the includes) gets the same diagnostics as without
+    one, and no note about the PCH reaches the log."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    from dice.validator.nvrtc_child import PCH_SINCE
+    from dice.validator.paths import cuda_include_dirs
+
+    if tuple(nvrtc.getVersion()) < PCH_SINCE:
+        pytest.skip(f"NVRTC {nvrtc.getVersion()} has no automatic PCH")
+    body = (
+        "#include <cuda_fp16.h>\n__global__ void k(float* x) {{ x[0] = __half2float(__float2half({})); }}\n"
+    )
+    sources = [body.format("1.f"), body.format("y"), "#define FOO 1\n" + body.format("y"), body.format("2.f")]
+    NVRTC.close()
+    with_pch = [nvrtc_compile(src) for src in sources]
+    folder = NVRTC._pch_dir
+    assert folder is not None and any(Path(folder).glob("*.pch"))
+    NVRTC.close()
+    assert not Path(folder).exists()
+    plain = []
+    for src in sources:
+        prog = nvrtc.createProgram(src, "dice_device.cu", [], [])
+        try:
+            try:
+                includes = [f"-I{d}" for d in cuda_include_dirs()]
+                nvrtc.compileProgram(prog, ["--gpu-architecture=sm_90", "-std=c++17", *includes])
+                plain.append(True)
+            except nvrtc.NVRTCError:
+                plain.append(False)
+        finally:
+            nvrtc.destroyProgram(prog)
+    assert [r.ok for r in with_pch] == plain == [True, False, False, True]
+    for r in with_pch:
+        assert "precompiled header" not in r.log and "pch" not in r.log.lower()
+    assert with_pch[1].log.replace("(2)", "(N)") == with_pch[2].log.replace("(3)", "(N)")
+
+
 def test_nvrtc_memory_is_capped() -> None:
     start = time.perf_counter()
     result = nvrtc_compile(DEVICE_BOMB, timeout_s=120.0, memory_bytes=512 << 20)
