@@ -45,6 +45,17 @@ class RLSetupError(ValueError):
     """A run that cannot start as asked (a task set, an evaluation file, a resume that does not fit)."""
 
 
+def reward_workers(cfg: RLConfig, world: int, cpus: int | None = None) -> int | None:
+    """``--validator-workers``, else for phase ``infill`` one per CPU core of this process's share of the
+    machine (a ``.cu`` reward is an NVRTC compile, CPU-bound; a dice-spec run, and every ``e2e`` run, is
+    serialised per GPU whatever the width), else the pool's default (None)."""
+    if cfg.validator_workers:
+        return cfg.validator_workers
+    if cfg.phase != "infill":
+        return None
+    return max(1, (cpus or os.cpu_count() or 1) // max(1, world))
+
+
 class SkippedStepWarning(RuntimeWarning):
     """A step whose groups were all dropped (every group's rewards equal): no update was made."""
 
@@ -290,7 +301,7 @@ class RLTrainer:
             return
         from dice.validator import ValidatorPool
 
-        self.pool = ValidatorPool(cfg.validator_workers or None, timeout_s=cfg.validator_timeout_s)
+        self.pool = ValidatorPool(reward_workers(cfg, self.world), timeout_s=cfg.validator_timeout_s)
         self.reward = ValidatorReward(
             self.pool,
             speedup_term=cfg.speedup_term,

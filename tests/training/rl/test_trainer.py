@@ -379,3 +379,16 @@ def test_two_gloo_processes_train_without_deadlock(tiny: Path, toy_tasks: Path, 
     from engine.checkpoint import load_model
 
     load_model(summary["final"])
+
+
+def test_reward_workers_fill_the_cores_for_compile_rewards_only(tmp_path: Path) -> None:
+    from training.rl.trainer import reward_workers
+
+    def cfg(phase: str, workers: int = 0) -> RLConfig:
+        return RLConfig(phase, "m", ["t.jsonl"], out=str(tmp_path), validator_workers=workers)
+
+    assert reward_workers(cfg("infill"), world=1, cpus=16) == 16  # NVRTC compiles: one per core
+    assert reward_workers(cfg("infill"), world=4, cpus=16) == 4  # four ranks share the machine
+    assert reward_workers(cfg("infill"), world=32, cpus=16) == 1
+    assert reward_workers(cfg("e2e"), world=1, cpus=16) is None  # the pool's own default (GPU runs)
+    assert reward_workers(cfg("infill", workers=3), world=1, cpus=16) == 3
