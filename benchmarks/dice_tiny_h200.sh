@@ -7,6 +7,7 @@
 #   "runs/dice-tiny-data/tokenizer", "runs/dice-tiny-data/init_config.json", "runs/dice-tiny-data/rl"]
 #   (the second call also carries the first's sft/final, copied back to runs/dice-tiny/sft/final):
 #   bash benchmarks/dice_tiny_h200.sh sft   # block-diffusion SFT, 8 min of training, export -> $OUT/sft
+#   SFT_CONTINUE=1 bash benchmarks/dice_tiny_h200.sh sft   # the same, from the carried runs/dice-tiny/sft/final
 #   bash benchmarks/dice_tiny_h200.sh rl    # BiC-RL phase infill (compile reward, 16 CPU cores) -> $OUT/rl
 # The held-out evaluation (benchmarks/tiny_heldout.py, nvcc per candidate) runs back here on the CPU:
 #   bash scripts/build_dice_tiny.sh eval
@@ -31,6 +32,10 @@ pack_final() {  # DIR ARCHIVE: DIR as ARCHIVE.part-aa, -ab, ... (15 MB each); he
 }
 case "${1:-sft}" in
 sft)
+    if [[ ${SFT_CONTINUE:-0} == 1 ]]; then
+        [[ -d runs/dice-tiny/sft/final ]] || { echo "carry runs/dice-tiny/sft/final" && exit 2; }
+        export SFT_FROM=runs/dice-tiny/sft/final
+    fi
     RUN=$OUT SFT_MINUTES=${SFT_MINUTES:-8} timeout 570 bash scripts/build_dice_tiny.sh train 2>&1 \
         | tee "$OUT/sft.log" | grep -v "━" | tail -40
     rm -rf "$OUT/sft/checkpoints"  # the resumable state: not needed back here

@@ -6,7 +6,8 @@
 #                                        #   pairs (split by problem); BPE tokenizer; packed rows
 #   scripts/build_dice_tiny.sh rltasks   # CPU (~5 min): .cu infill tasks (holes NVRTC can check) of the
 #                                        #   training files (RL) and of the held-out files (RL's evaluation)
-#   scripts/build_dice_tiny.sh train     # GPU: block-diffusion SFT from random init
+#   scripts/build_dice_tiny.sh train     # GPU: block-diffusion SFT from random init (SFT_FROM=DIR: from that
+#                                        #   checkpoint instead, a fresh LR schedule: more training for a model)
 #   scripts/build_dice_tiny.sh rl        # GPU: BiC-RL phase infill from the SFT model, compile reward
 #   scripts/build_dice_tiny.sh eval      # CPU: held-out holes of never-seen projects, validated as the product
 #                                        #   validates (benchmarks/tiny_heldout.py), SFT and RL models; latency
@@ -75,8 +76,10 @@ rltasks() {
 
 train() {
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    local init=(--init-config "$WORK/init_config.json")
+    [[ -n ${SFT_FROM:-} ]] && init=(--model "$SFT_FROM")
     "$PY" -m dice train sft --data "$WORK/train_rows.npz" --eval-data "$WORK/heldout_rows.npz" \
-        --init-config "$WORK/init_config.json" --tokenizer "$WORK/tokenizer" --out "$RUN/sft" \
+        "${init[@]}" --tokenizer "$WORK/tokenizer" --out "$RUN/sft" \
         --seq-len "$SEQ_LEN" --seed 0 --micro-batch-size 16 --lr 2e-3 --min-lr-ratio 0.1 --warmup-ratio 0.03 \
         --weight-decay 0.1 --max-steps "$SFT_STEPS" --max-minutes "$SFT_MINUTES" --lr-schedule time --log-every 20 \
         --eval-every 2000 --eval-rows 128 --final-eval-rows 512 --save-dtype bfloat16 "${SFT_EXTRA[@]}"
