@@ -352,10 +352,21 @@ def _cu_tasks(
     rep: Report,
     kept: list[Pair],
     files: list[CuFile],
-    compile_check: Callable[[str], bool] | None,
+    compile_check: Callable[..., bool] | None,
 ) -> tuple[list[dict], list[dict]]:
     """``.cu`` infill tasks from the corpus and the kept kernels; held out by project and by file (seeded)
-    *before* any hole is cut, so no held-out file or project lends a hole to training."""
+    *before* any hole is cut, so no held-out file or project lends a hole to training.
+
+    A corpus file that does not compile alone is tried again with its project's headers
+    (:mod:`training.cuke.headers`), written under ``OUT/cu_projects/``. Those headers may come from any
+    corpus file of the same repository, a held-out one included: they are compile context on disk, which
+    no prompt shows, and the split is of the files whose holes become tasks. Every header any candidate
+    needs is written before the first compile (each compile sees the same tree); afterwards the tree keeps
+    only what kept tasks need, and a kept file that could have opened a removed header is compiled again
+    in the final tree (its tasks dropped if it no longer compiles), so the reward's tree is the one each
+    kept original compiled in."""
+    from training.cuke.headers import HeaderIndex, HeaderTree, sees_any
+
     rng = random.Random(cfg.seed)
     repos = sorted({f.repo for f in files})
     n_repos = max(1, round(len(repos) * cfg.cu_holdout_fraction)) if cfg.cu_holdout_fraction and repos else 0
@@ -366,13 +377,50 @@ def _cu_tasks(
     train_files = [f for f in files if f.repo not in held_repos and f.id not in held_files] + kernel_files
     held = [f for f in files if f.repo in held_repos or f.id in held_files]
     workers = 1 if compile_check is not None else max(1, min(8, os.cpu_count() or 1))
+    tree = HeaderTree(HeaderIndex(files), cfg.out)
+    tree.reset()
+    contexts = tree.stage(f for f in files if "__global__" in f.text or "__device__" in f.text)
     stats = tasks.CuTaskStats()
     kw = dict(per_file=cfg.cu_holes_per_file, seed=cfg.seed, compile_check=check, workers=workers)
-    kw["stats"] = stats
+    kw |= {"stats": stats, "headers": contexts, "headers_base": cfg.out}
     train_rows = list(tasks.cu_infill_tasks(train_files, **kw))
     held_rows = [
         r | {"heldout": "project" if r["origin"].split(":", 1)[0] in held_repos else "file"}
         for r in tasks.cu_infill_tasks(held, **kw)
     ]
-    rep.cu_tasks = stats.to_json() | {"held_out_repos": sorted(held_repos), "held_out_files": len(held_files)}
+    texts = {f.id: f.text for f in files}
+    while True:
+        keep = {r["origin"]: contexts[r["origin"]] for r in train_rows + held_rows if "folder" in r}
+        removed = tree.prune(keep)
+        recheck = sorted(o for o, ctx in keep.items() if removed and sees_any(ctx, removed))
+        jobs = [(texts[o], keep[o].include_dirs(cfg.out)) for o in recheck]
+        failed = {o for o, ok in zip(recheck, _compile(jobs, check, workers), strict=True) if not ok}
+        if not failed:
+            break
+        stats.compiled -= len(failed)
+        stats.compiled_with_headers -= len(failed)
+        stats.dropped_after_prune += len(failed)
+        for row in (r for r in train_rows + held_rows if r["origin"] in failed):
+            stats.tasks -= 1
+            stats.by_kind[row["kind"]] -= 1
+        stats.by_kind = +stats.by_kind  # no kinds left at zero
+        train_rows = [r for r in train_rows if r["origin"] not in failed]
+        held_rows = [r for r in held_rows if r["origin"] not in failed]
+    rep.cu_tasks = stats.to_json() | {
+        "held_out_repos": sorted(held_repos),
+        "held_out_files": len(held_files),
+        "headers": tree.stats.to_json(),
+    }
     return train_rows, held_rows
+
+
+def _compile(jobs: list[tuple[str, tuple[str, ...]]], check: Callable[..., bool], workers: int) -> list[bool]:
+    from training.cuke.cu_tasks import compile_all, process_pool
+
+    if workers <= 1 or len(jobs) <= 1:
+        return compile_all(jobs, check)
+    pool = process_pool(workers)
+    try:
+        return compile_all(jobs, check, pool)
+    finally:
+        pool.shutdown(cancel_futures=True)

@@ -4,8 +4,12 @@ A task is a whole file with exactly one hole replaced by the mask comment of doc
 (``/* <MASK> */``) and the hole's original text as the target, so a reward can splice a fill back and compile
 (and, with a dice-spec and a GPU, run) it. Holes are cut only where a compiler checks a fill: bodies of
 non-template ``__global__``/``__device__`` functions (a template nothing instantiates is never type-checked,
-host code never reaches NVRTC). A file's holes are kept only when its *unmodified* device code compiles
-standalone, else every fill would score as a compile error whatever the model wrote.
+host code never reaches NVRTC). A file's holes are kept only when its *unmodified* device code compiles,
+else every fill would score as a compile error whatever the model wrote: standalone first, else (when the
+caller found the file's project headers, :mod:`training.cuke.headers`) with the folder the file would sit in
+and its project's include roots on the NVRTC include path. Such a task carries that ``folder`` and those
+``include_paths`` (relative to the build's output folder), so a fill is compiled with exactly the headers its
+original compiled with; a standalone task carries neither.
 
 Kinds: ``statement``, ``statements`` (a run of 2-4), ``loop_body``, ``kernel_body`` (the cuts of
 :func:`training.corpus.cuts.infill_cuts`, the ones the SFT corpus trains on) and ``expression`` (the
@@ -15,14 +19,16 @@ node, one line, never a bare name or number, which any in-scope word would fill)
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from training.corpus.cuts import InfillCut, infill_cuts
+from training.cuke.headers import CompileContext
 from training.cuke.records import CuFile, content_hash
 
 MASK = "/* <MASK> */"
@@ -57,7 +63,11 @@ class CuTaskStats:
 
     files: int = 0
     with_holes: int = 0  # had at least one hole in a checked device function
-    compiled: int = 0  # ... and its unmodified device code compiled
+    compiled: int = 0  # ... and its unmodified device code compiled (alone or with its headers)
+    compiled_standalone: int = 0
+    headers_tried: int = 0  # failed alone, and its project headers were found: compiled again with them
+    compiled_with_headers: int = 0
+    dropped_after_prune: int = 0  # compiled with headers, not in the final tree (training.cuke.build)
     tasks: int = 0
     by_kind: Counter = field(default_factory=Counter)
     compile_seconds: float = 0.0
@@ -67,6 +77,10 @@ class CuTaskStats:
             "files": self.files,
             "with_holes": self.with_holes,
             "compiled": self.compiled,
+            "compiled_standalone": self.compiled_standalone,
+            "headers_tried": self.headers_tried,
+            "compiled_with_headers": self.compiled_with_headers,
+            "dropped_after_prune": self.dropped_after_prune,
             "compile_failed": self.with_holes - self.compiled,
             "tasks": self.tasks,
             "by_kind": dict(sorted(self.by_kind.items())),
@@ -74,14 +88,18 @@ class CuTaskStats:
         }
 
 
-def nvrtc_compiles(text: str, *, timeout_s: float | None = None) -> bool:
-    """Whether the device code of ``text`` compiles alone under NVRTC, as the ``.cu`` validator's first
-    check compiles a file with no folder and no compile command (``cu_compile.run_compile_checks``):
-    the extracted device code, the template kernels the host code launches instantiated, torch headers
-    given empty stand-ins. The compile runs in the validator's NVRTC child process, killed at ``timeout_s``
-    (default the validator's), its address space capped, so a pathological file costs a timeout, not the
-    build. False also when there is no kernel or device function to compile."""
+def nvrtc_compiles(text: str, include_dirs: Sequence[str] = (), *, timeout_s: float | None = None) -> bool:
+    """Whether the device code of ``text`` compiles under NVRTC, as the ``.cu`` validator's first check
+    compiles it (``cu_compile.run_compile_checks``): the extracted device code, the template kernels the
+    host code launches instantiated (alone: torch headers given empty stand-ins). ``include_dirs``:
+    absolute folders for ``-I``, the file's own folder first, as the validator orders a file's folder and
+    its include paths (:meth:`training.cuke.headers.CompileContext.include_dirs`); none: the file alone,
+    with no folder and no compile command. Plain strings, so the check pickles into the build's worker
+    processes. The compile runs in the validator's NVRTC child process, killed at ``timeout_s`` (default the
+    validator's), its address space capped, so a pathological file costs a timeout, not the build. False
+    also when there is no kernel or device function to compile."""
     from dice.cuda_source import extract_device_code, parse_document
+    from dice.validator.build_flags import BuildOptions
     from dice.validator.compile import TORCH_HEADER_PREFIXES, nvrtc_compile
     from dice.validator.cu_compile import CuFile as ValidatorFile
     from dice.validator.cu_compile import build_flags_for
@@ -91,14 +109,22 @@ def nvrtc_compiles(text: str, *, timeout_s: float | None = None) -> bool:
     doc = parse_document(text)
     if not any(f.kind in ("global", "device") for f in doc.functions):
         return False
+    # As the validator extracts it: no `project_headers`, so a `<...>` include of a project header in the
+    # file itself is dropped there too (quoted ones stay; headers on disk are read as they are).
     device = extract_device_code(text)
-    flags = build_flags_for(ValidatorFile(text, "kernel.cu", None, None))
+    # No folder: the flags come from the options alone, never from a compile_commands.json that happens to
+    # sit above the tree (the reward passes its own, empty, database for the same reason).
+    build = BuildOptions(include_paths=tuple(include_dirs)) if include_dirs else None
+    flags = build_flags_for(ValidatorFile(text, "kernel.cu", None, build))
     result = nvrtc_compile(
         device.source,
         arch=flags.arch_for(None),
         line_map=device.line_map,
         options=flags.nvrtc_options(),
-        stub_header_prefixes=TORCH_HEADER_PREFIXES,
+        # Alone, the file's own torch includes are host code the extraction drops anyway. With headers, the
+        # headers on disk are compiled as they are, and the reward's NVRTC gives a torch include in one no
+        # stand-in: neither may this check, or a file kept here would fail there.
+        stub_header_prefixes=() if include_dirs else TORCH_HEADER_PREFIXES,
         name_expressions=launch_name_expressions(doc),
         timeout_s=NVRTC_TIMEOUT_S if timeout_s is None else timeout_s,
     )
@@ -110,14 +136,21 @@ def cu_infill_tasks(
     *,
     per_file: int = DEFAULT_PER_FILE,
     seed: int = 0,
-    compile_check: Callable[[str], bool] = nvrtc_compiles,
+    compile_check: Callable[..., bool] = nvrtc_compiles,
     max_target_chars: int = MAX_TARGET_CHARS,
     workers: int = 1,
     stats: CuTaskStats | None = None,
+    headers: Mapping[str, CompileContext] | None = None,
+    headers_base: str | os.PathLike[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Up to ``per_file`` one-hole tasks per file whose unmodified device code passes ``compile_check``:
-    ``{id, text, target, origin, has_spec, kind}``, ``text`` the file with the hole replaced by
-    :data:`MASK`, so ``text.replace(MASK, target, 1)`` is the original.
+    ``{id, text, target, origin, has_spec, kind}`` (plus ``folder`` and ``include_paths`` for a file that
+    compiled only with its headers), ``text`` the file with the hole replaced by :data:`MASK`, so
+    ``text.replace(MASK, target, 1)`` is the original.
+
+    ``compile_check(text)`` decides for the file alone. ``headers``: the compile context of a file by its id
+    (:meth:`training.cuke.headers.HeaderTree.stage`, the headers already on disk under ``headers_base``); a
+    file that fails alone and has one is checked again as ``compile_check(text, include_dirs)``.
 
     Holes are drawn round-robin over :data:`KIND_ORDER`, at random within a kind, from a generator seeded
     by ``seed`` and the file's id: the same files give the same tasks in any order and any chunking. Files
@@ -125,10 +158,14 @@ def cu_infill_tasks(
     (``compile_check`` must then be picklable: a module-level function such as :func:`nvrtc_compiles`);
     tasks still come out in file order. ``stats``, when given, is filled in as files go by.
     """
+    if headers and headers_base is None:
+        raise ValueError("headers given without headers_base (the folder their paths are relative to)")
     stats = stats if stats is not None else CuTaskStats()
+    contexts = headers or {}
+    base = os.fspath(headers_base) if headers_base is not None else ""
     chunk = max(1, workers) * 4
     pending: list[tuple[CuSource, list[InfillCut]]] = []
-    pool = _process_pool(workers) if workers > 1 else None
+    pool = process_pool(workers) if workers > 1 else None
     try:
         for item in files:
             source = _as_source(item)
@@ -139,15 +176,32 @@ def cu_infill_tasks(
             stats.with_holes += 1
             pending.append((source, cuts))
             if len(pending) >= chunk:
-                yield from _checked_tasks(pending, compile_check, pool, per_file, seed, stats)
+                yield from _checked_tasks(pending, compile_check, pool, per_file, seed, stats, contexts, base)
                 pending = []
-        yield from _checked_tasks(pending, compile_check, pool, per_file, seed, stats)
+        yield from _checked_tasks(pending, compile_check, pool, per_file, seed, stats, contexts, base)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
 
 
-def _process_pool(workers: int):  # -> concurrent.futures.ProcessPoolExecutor
+def compile_all(
+    jobs: Sequence[tuple[str, tuple[str, ...]]], compile_check: Callable[..., bool], pool=None
+) -> list[bool]:
+    """``compile_check`` of each ``(text, include_dirs)``, in order; across ``pool`` (a
+    ``ProcessPoolExecutor``) when given. No include folders: the one-argument call, the file alone."""
+    alone = [i for i, (_, dirs) in enumerate(jobs) if not dirs]
+    with_dirs = [i for i, (_, dirs) in enumerate(jobs) if dirs]
+    out = [False] * len(jobs)
+    mapper = pool.map if pool is not None else map
+    for i, ok in zip(alone, mapper(compile_check, [jobs[i][0] for i in alone]), strict=True):
+        out[i] = bool(ok)
+    texts, dirs = [jobs[i][0] for i in with_dirs], [jobs[i][1] for i in with_dirs]
+    for i, ok in zip(with_dirs, mapper(compile_check, texts, dirs), strict=True):
+        out[i] = bool(ok)
+    return out
+
+
+def process_pool(workers: int):  # -> concurrent.futures.ProcessPoolExecutor
     """Spawned, not forked: a fork would share the parent's NVRTC child process and its pipes."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -157,31 +211,37 @@ def _process_pool(workers: int):  # -> concurrent.futures.ProcessPoolExecutor
 
 def _checked_tasks(
     pending: list[tuple[CuSource, list[InfillCut]]],
-    compile_check: Callable[[str], bool],
+    compile_check: Callable[..., bool],
     pool,  # ProcessPoolExecutor | None
     per_file: int,
     seed: int,
     stats: CuTaskStats,
+    contexts: Mapping[str, CompileContext],
+    base: str,
 ) -> Iterator[dict[str, Any]]:
-    """The tasks of a chunk of files, compile-checked one by one or across the pool (in file order)."""
+    """The tasks of a chunk of files, compile-checked (alone, then with headers where that failed and the
+    file has them) one by one or across the pool, in file order."""
     start = time.perf_counter()
-    texts = [source.text for source, _ in pending]
-    verdicts = list(pool.map(compile_check, texts)) if pool is not None else None
+    verdicts = compile_all([(source.text, ()) for source, _ in pending], compile_check, pool)
+    stats.compiled_standalone += sum(verdicts)
+    retry = [i for i, (source, _) in enumerate(pending) if not verdicts[i] and source.id in contexts]
+    jobs = [(pending[i][0].text, contexts[pending[i][0].id].include_dirs(base)) for i in retry]
+    with_headers = dict(zip(retry, compile_all(jobs, compile_check, pool), strict=True))
+    stats.headers_tried += len(retry)
+    stats.compiled_with_headers += sum(with_headers.values())
     stats.compile_seconds += time.perf_counter() - start
     for i, (source, cuts) in enumerate(pending):
-        if verdicts is None:
-            start = time.perf_counter()
-            ok = compile_check(source.text)
-            stats.compile_seconds += time.perf_counter() - start
-        else:
-            ok = verdicts[i]
-        if not ok:
+        if not (verdicts[i] or with_headers.get(i)):
             continue
         stats.compiled += 1
+        extra: dict[str, Any] = {}
+        if not verdicts[i]:
+            ctx = contexts[source.id]
+            extra = {"folder": ctx.folder, "include_paths": list(ctx.include_paths)}
         for task in _file_tasks(source, cuts, per_file, seed):
             stats.tasks += 1
             stats.by_kind[task["kind"]] += 1
-            yield task
+            yield task | extra
 
 
 def _as_source(item: CuFile | CuSource | tuple[str, str, bool]) -> CuSource:
@@ -338,9 +398,11 @@ __all__ = [
     "MASK",
     "CuSource",
     "CuTaskStats",
+    "compile_all",
     "cu_infill_tasks",
     "expression_cuts",
     "expression_spans",
     "hole_cuts",
     "nvrtc_compiles",
+    "process_pool",
 ]

@@ -253,16 +253,29 @@ def write_card(rep: Report, path: Path) -> None:
         lines += ["", "## Augmentation", "", "```json", json.dumps(rep.augmentation, indent=1), "```"]
     if rep.cu_tasks:
         c = rep.cu_tasks
+        h = c.get("headers") or {}
+        dropped = c.get("dropped_after_prune", 0)
         lines += [
             "",
             "## `.cu` infill tasks",
             "",
-            f"{c.get('files')} files read, {c.get('with_holes')} with holes in "
-            f"device code, {c.get('compiled')} of those compile standalone under NVRTC (kept), "
+            f"{c.get('files')} files read, {c.get('with_holes')} with holes in device code, "
+            f"{c.get('compiled')} of those compile under NVRTC (kept): "
+            f"{c.get('compiled_standalone', c.get('compiled'))} standalone, "
+            f"{c.get('compiled_with_headers', 0)} more with their project's headers from the corpus "
+            f"({c.get('headers_tried', 0)} tried with headers"
+            f"{f', {dropped} dropped when compiled again in the final tree' if dropped else ''}). "
             f"{c.get('tasks')} tasks ({', '.join(f'{k} {v}' for k, v in (c.get('by_kind') or {}).items())}). "
             f"Held out before cutting: projects {', '.join(c.get('held_out_repos') or []) or 'none'}, and "
             f"{c.get('held_out_files')} files of the others.",
         ]
+        if h:
+            lines += [
+                "",
+                f"Headers (`cu_projects/`): {h.get('written', 0)} written for {h.get('staged_files', 0)} "
+                f"files before compiling, {h.get('kept', 0)} kept ({h.get('kept_bytes', 0) / 1e6:.1f} MB) "
+                "for the tasks that need them; such a task names its `folder` and `include_paths`.",
+            ]
     lines += ["", "## Files", ""] + [f"- `{k}`: {v} records" for k, v in rep.tasks.items()]
     lines += [
         "",

@@ -20,7 +20,11 @@ and asks the validator:
   paid for compiling. Reward 1 when it compiles; when the file has a dice-spec and the pool has a GPU, only
   when the spec run is also ``correct``. A CPU pool gives compile-only verdicts: a reward the CPU computes.
   A blank fill (whitespace and comments) earns 0 without a compile (it compiles by construction), and so
-  does a fill in code no compiler type-checked (``mark_unchecked``).
+  does a fill in code no compiler type-checked (``mark_unchecked``). A task whose file compiled only with
+  its project's headers (:attr:`training.rl.tasks.Task.headers`) is compiled as if in that ``folder`` with
+  those ``include_paths`` and an empty compile database of the reward's own, so no ``compile_commands.json``
+  that happens to sit above the task folder lends its flags: each fill sees exactly the headers and flags
+  its original compiled with when CuKe kept it.
   A compile check alone is a reward a candidate can fool: ``;``, ``return;`` or an unused declaration
   compile in almost any statement hole. So with ``cu_reward="match"`` (the default) a fill that is only
   compiled (no dice-spec run) earns ``MATCH_FLOOR + (1 - MATCH_FLOOR) * similarity(fill, target)``: the
@@ -43,6 +47,7 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import re
+import tempfile
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -198,6 +203,7 @@ class ValidatorReward:
         self.reuse_verdicts = reuse_verdicts
         self.last_stats: dict[str, Any] = {}
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._no_database: tempfile.TemporaryDirectory[str] | None = None
 
     # ------------------------------------------------------------------------------------------ public
     def __call__(self, tasks: Sequence[Task], rollouts: Sequence[Sequence[Rollout]]) -> list[list[Scored]]:
@@ -216,6 +222,9 @@ class ValidatorReward:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        if self._no_database is not None:
+            self._no_database.cleanup()
+            self._no_database = None
 
     def __enter__(self) -> ValidatorReward:
         return self
@@ -291,7 +300,7 @@ class ValidatorReward:
             abandoned = {f for f in abandoned if not f.done()}
             while pending and len(live) + len(abandoned) < 2 * width:
                 job = pending.popleft()
-                future = self.pool.submit_cu(job.program, run=True, spec_origin=origins[job.task.id])
+                future = self._submit_cu(job, origins[job.task.id])
                 deadline = None if self.deadline_s is None else time.monotonic() + self.deadline_s
                 live[future] = (job, deadline)
             deadlines = [d for _job, d in live.values() if d is not None]
@@ -321,6 +330,28 @@ class ValidatorReward:
                         message=f"timed out: the deadline ({self.deadline_s:g} s) passed",
                     )
         return results
+
+    def _submit_cu(self, job: _Job, origin: Any) -> concurrent.futures.Future[Any]:
+        """``submit_cu`` of a filled file: alone, or in its task's folder with its include paths."""
+        headers = job.task.headers
+        if headers is None:
+            return self.pool.submit_cu(job.program, run=True, spec_origin=origin)
+        from dice.validator.build_flags import BuildOptions
+
+        build = BuildOptions(compile_commands=self._empty_database(), include_paths=headers.include_paths)
+        return self.pool.submit_cu(
+            job.program, run=True, spec_origin=origin, folder=headers.folder, build=build
+        )
+
+    def _empty_database(self) -> str:
+        """A ``compile_commands.json`` with no entries, named explicitly: the validator then uses it alone
+        (no search above the folder) and, finding no entry, compiles with the folder and include paths only,
+        as CuKe's check did."""
+        if self._no_database is None:
+            self._no_database = tempfile.TemporaryDirectory(prefix="dice-rl-no-compdb-")
+            with open(f"{self._no_database.name}/compile_commands.json", "w", encoding="utf-8") as fh:
+                fh.write("[]\n")
+        return f"{self._no_database.name}/compile_commands.json"
 
     def _scored(self, task: Task, verdict: Any, has_spec: bool, program: str) -> Scored:
         from dice.validator.verdict import FLAG_FILL_NOT_CHECKED

@@ -11,7 +11,10 @@ record's fields, not the file's name (a renamed or held-out copy reads the same)
 - ``cu_infill`` (``cu_infill.jsonl``, ``{id, text, target, origin, has_spec, kind}``, ``text`` holding one
   ``/* <MASK> */``): the engine's infilling prompt for the text around the mask (no PyTorch context, the
   shape of the hole deciding where a fill ends, as the editor asks), the program being the filled file.
-  Phase ``infill`` (our extension: a reward a CPU can compute).
+  Phase ``infill`` (our extension: a reward a CPU can compute). A file that compiles only with its
+  project's headers also names ``folder`` (where it would sit) and ``include_paths``, relative to the task
+  file's folder (CuKe writes them under ``cu_projects/``): :attr:`Task.headers` holds them resolved, for the
+  reward's compile. They never reach the prompt, which is the file's own text as for any other task.
 - ``e2e`` (``e2e.jsonl``, ``{id, pytorch_code, level}``): the KernelBench one-shot prompt, variant ``"rl"``
   (the string DICE's end-to-end rollouts feed the model); the program is ``extract_program`` of the answer.
   Phase ``e2e``.
@@ -24,6 +27,7 @@ same text: a checkpoint answers best to the exact template it was trained on.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,10 +101,20 @@ class CuCut:
 
 
 @dataclass(frozen=True)
+class CuHeaders:
+    """Where a ``.cu`` task's file compiles with its project's headers: absolute ``folder`` (the folder the
+    file would sit in) and ``include_paths`` (its include roots), as the build's compile check used them."""
+
+    folder: str
+    include_paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Task:
     """One RL task. ``prompt`` is the exact text the engine continues (ChatML applied, any pre-filled
     response prefix included); ``record`` is the file's record as read; ``cut`` (``cu_infill`` only) the
-    file around the hole and the part of it the prompt shows."""
+    file around the hole and the part of it the prompt shows; ``headers`` (``cu_infill`` only, None for a
+    file that compiles alone) the folders its compile needs."""
 
     id: str
     kind: TaskKind
@@ -108,6 +122,7 @@ class Task:
     prompt: str
     record: dict[str, Any] = field(repr=False, compare=False)
     cut: CuCut | None = field(default=None, repr=False, compare=False)
+    headers: CuHeaders | None = field(default=None, repr=False, compare=False)
 
 
 def kind_of(record: dict[str, Any]) -> TaskKind:
@@ -190,10 +205,16 @@ def program_from(task: Task, response_text: str) -> str:
 
 
 def make_task(
-    record: dict[str, Any], kind: TaskKind | None = None, *, cu: CuPrompting = CuPrompting()
+    record: dict[str, Any],
+    kind: TaskKind | None = None,
+    *,
+    cu: CuPrompting = CuPrompting(),
+    base_dir: str | Path | None = None,
 ) -> Task:
     """A task from one record (its kind from its fields unless given; ``cu``: how a ``.cu`` file becomes its
-    prompt). ValueError naming the field for a record that does not fit the kind's schema."""
+    prompt; ``base_dir``: what a ``.cu`` record's ``folder`` and ``include_paths`` are relative to, the task
+    file's folder, else the working directory). ValueError naming the field for a record that does not fit
+    the kind's schema, or whose folders do not exist."""
     kind = kind or kind_of(record)
     _check_fields(record, kind)
     task_id = str(record["id"])
@@ -205,13 +226,37 @@ def make_task(
         count = record["text"].count(MASK)
         if count != 1:
             raise ValueError(f"text must hold exactly one {MASK} (it holds {count})")
+        headers = _cu_headers(record, base_dir)
         cut = cu_cut(record["text"], cu)
-        return Task(task_id, kind, CU_LEVEL, _prompt_of(kind, record, cut), record, cut)
+        return Task(task_id, kind, CU_LEVEL, _prompt_of(kind, record, cut), record, cut, headers)
     if kind == "e2e":
         return Task(
             task_id, kind, _level(record), kernelbench_prompt(record["pytorch_code"], variant="rl"), record
         )
     return Task(task_id, kind, _level(record), record["prompt"], record)
+
+
+def _cu_headers(record: dict[str, Any], base_dir: str | Path | None) -> CuHeaders | None:
+    """The record's ``folder`` / ``include_paths`` resolved against ``base_dir`` (None when it has neither).
+    The folders must exist: a task file moved without its ``cu_projects/`` would otherwise score every fill,
+    the original included, as a compile error."""
+    folder, paths = record.get("folder"), record.get("include_paths")
+    if folder is None and paths is None:
+        return None
+    if not isinstance(folder, str) or not folder:
+        raise ValueError(f"field 'folder' must be a non-empty string, got {folder!r}")
+    if paths is None:
+        paths = []
+    if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
+        raise ValueError(f"field 'include_paths' must be a list of non-empty strings, got {paths!r}")
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+    resolved = []
+    for name, value in [("folder", folder), *(("include_paths", p) for p in paths)]:
+        full = os.path.normpath(os.path.abspath(base / value))
+        if not os.path.isdir(full):
+            raise ValueError(f"{name} {value!r} is not a folder (looked for {full})")
+        resolved.append(full)
+    return CuHeaders(resolved[0], tuple(resolved[1:]))
 
 
 def _prompt_of(kind: str, record: dict[str, Any], cut: CuCut | None) -> str:
@@ -274,7 +319,7 @@ def read_task_file(path: str | Path, *, cu: CuPrompting = CuPrompting()) -> list
                         "(one kind per file)"
                     )
                 kind = this
-                tasks.append(make_task(record, this, cu=cu))
+                tasks.append(make_task(record, this, cu=cu, base_dir=path.parent))
             except ValueError as exc:
                 ident = f" (id {record['id']!r})" if "id" in record else ""
                 raise TaskFileError(f"{where}{ident}: {exc}") from None

@@ -269,3 +269,70 @@ def test_real_cu_compile_reward_on_a_cpu_pool():
     assert (
         scores[2].guard == "fill_changes_spec"
     )  # a fill may not bring its own spec (to be paid for compiling)
+
+
+class RecordingPool(StubPool):
+    """A stub pool that also keeps the folder and build options each ``submit_cu`` got."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.cu_kwargs: list[dict] = []
+
+    def submit_cu(self, text, *, run=True, spec_origin=None, **kw):
+        self.cu_kwargs.append(kw)
+        return super().submit_cu(text, run=run, spec_origin=spec_origin)
+
+
+def header_task(tmp_path, i: int = 0, text: str = CU):
+    for sub in ("cu_projects/o+r/src", "cu_projects/o+r/include"):
+        (tmp_path / sub).mkdir(parents=True, exist_ok=True)
+    record = {"id": f"h{i}", "text": text, "target": "x[i] = 0;", "kind": "statement"}
+    record |= {"folder": "cu_projects/o+r/src", "include_paths": ["cu_projects/o+r/include"]}
+    return make_task(record, base_dir=tmp_path)
+
+
+def test_a_header_task_is_compiled_in_its_folder_with_its_include_paths(tmp_path):
+    import json
+    import os
+    from pathlib import Path
+
+    pool = RecordingPool(gpu=False)
+    task, plain = header_task(tmp_path), cu_task(CU, 1)
+    reward = ValidatorReward(pool)
+    got = reward(
+        [task, plain],
+        [roll(task, ["x[i] = 0; // STUB compiled"]), roll(plain, ["x[i] = 0; // STUB compiled"])],
+    )
+    assert [g[0].reward for g in got] == [1.0, 1.0]
+    with_headers, alone = pool.cu_kwargs
+    assert alone == {}  # a file that compiled alone is compiled alone, as before
+    assert with_headers["folder"] == str(tmp_path / "cu_projects/o+r/src")
+    build = with_headers["build"]
+    assert build.include_paths == (str(tmp_path / "cu_projects/o+r/include"),)
+    # an empty database named explicitly: no compile_commands.json above the folder lends its flags
+    assert os.path.basename(build.compile_commands) == "compile_commands.json"
+    assert json.loads(Path(build.compile_commands).read_text()) == []
+    reward.close()
+    assert not os.path.exists(build.compile_commands)
+
+
+def test_real_header_task_reward_on_a_cpu_pool(tmp_path):
+    from dice.validator import ValidatorPool
+
+    pytest.importorskip("cupy", reason="NVRTC comes through CuPy, which is not installed")
+    text = '#include "defs.cuh"\n#include "lib/zero.cuh"\n' + CU
+    task = header_task(tmp_path, text=text)
+    (tmp_path / "cu_projects/o+r/src/defs.cuh").write_text(
+        "#pragma once\n#define ZERO_AT(p, i) ((p)[i] = 0)\n"
+    )
+    (tmp_path / "cu_projects/o+r/include/lib").mkdir()
+    (tmp_path / "cu_projects/o+r/include/lib/zero.cuh").write_text(
+        "#pragma once\n__device__ inline float zero_of(float) { return 0.0f; }\n"
+    )
+    fills = ["ZERO_AT(x, i);", "x[i] = zero_of(x[i]);", "x[i] = not_declared(x[i]);"]
+    alone = make_task({"id": "alone", "text": text, "target": "x[i] = 0;", "kind": "statement"})
+    with ValidatorPool(workers=1, gpu=False) as pool, ValidatorReward(pool, deadline_s=120) as reward:
+        scores = reward([task, alone], [roll(task, fills), roll(alone, fills[:1])])
+    assert [s.status for s in scores[0]] == ["compiled", "compiled", "compile_error"]
+    assert scores[0][0].reward > MATCH_FLOOR and scores[0][2].reward == 0.0
+    assert scores[1][0].status == "compile_error"  # the same file without its headers does not compile
