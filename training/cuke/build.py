@@ -12,6 +12,7 @@ import json
 import os
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,10 +144,12 @@ def build(
     pool: Any = None,
     teacher: Any = None,
     compile_check: Callable[[str], bool] | None = None,
+    cu_pool: Any = None,
     console: Any = None,
 ) -> Report:
-    """Run the whole build; ``pool`` (a ValidatorPool), ``teacher`` and ``compile_check`` default to the real
-    ones (tests stub them at their process boundary). Returns the report, also written to ``cfg.out``."""
+    """Run the whole build; ``pool`` (a ValidatorPool), ``teacher``, ``compile_check`` and ``cu_pool`` (the
+    CPU pool that checks each ``.cu`` task's original as the reward will) default to the real ones (tests
+    stub them at their process boundary). Returns the report, also written to ``cfg.out``."""
     cfg.out.mkdir(parents=True, exist_ok=True)
     rep = Report(cfg.settings())
     t0 = time.perf_counter()
@@ -181,7 +184,7 @@ def build(
     for p in kept:
         rep.count("kept", p.source)
     t = time.perf_counter()
-    _write_tasks(cfg, rep, kept, got, heldout_keys, compile_check)
+    _write_tasks(cfg, rep, kept, got, heldout_keys, compile_check, cu_pool)
     rep.timings["tasks"] = time.perf_counter() - t
     rep.timings["total"] = time.perf_counter() - t0
     write_all(rep, cfg.out, console)
@@ -322,6 +325,7 @@ def _write_tasks(
     got: _Read,
     heldout_keys: set[str],
     compile_check: Callable[[str], bool] | None,
+    cu_pool: Any = None,
 ) -> None:
     """The task files, each sorted by level (single op -> fused -> whole model: BiC-RL's data schedule)."""
     lv = {p.id: _level(p, rep) for p in kept}
@@ -339,7 +343,7 @@ def _write_tasks(
         (tasks.e2e_record(p, level=lv.get(p.id) or _level(p, rep)) for p in e2e_src.values()),
         key=lambda r: (r["level"], r["id"]),
     )
-    cu_train, cu_held = _cu_tasks(cfg, rep, kept, got.files, compile_check)
+    cu_train, cu_held = _cu_tasks(cfg, rep, kept, got.files, compile_check, cu_pool)
     for name, rows in zip(TASK_FILES, (sft, infill, e2e, cu_train, cu_held), strict=True):
         with (cfg.out / name).open("w", encoding="utf-8") as fh:
             for row in rows:
@@ -353,6 +357,7 @@ def _cu_tasks(
     kept: list[Pair],
     files: list[CuFile],
     compile_check: Callable[..., bool] | None,
+    cu_pool: Any = None,
 ) -> tuple[list[dict], list[dict]]:
     """``.cu`` infill tasks from the corpus and the kept kernels; held out by project and by file (seeded)
     *before* any hole is cut, so no held-out file or project lends a hole to training.
@@ -406,12 +411,94 @@ def _cu_tasks(
         stats.by_kind = +stats.by_kind  # no kinds left at zero
         train_rows = [r for r in train_rows if r["origin"] not in failed]
         held_rows = [r for r in held_rows if r["origin"] not in failed]
+    texts |= {cf.id: cf.text for cf in kernel_files}
+    train_rows, held_rows, check_stats = reward_check(train_rows, held_rows, texts, cfg.out, cu_pool)
+    for row in check_stats.pop("dropped_rows"):
+        stats.tasks -= 1
+        stats.by_kind[row["kind"]] -= 1
+    stats.by_kind = +stats.by_kind
     rep.cu_tasks = stats.to_json() | {
+        "reward_check": check_stats,
         "held_out_repos": sorted(held_repos),
         "held_out_files": len(held_files),
         "headers": tree.stats.to_json(),
     }
     return train_rows, held_rows
+
+
+def reward_check(
+    train_rows: list[dict], held_rows: list[dict], texts: dict[str, str], out: Path, cu_pool: Any = None
+) -> tuple[list[dict], list[dict], dict[str, Any]]:
+    """Keep the tasks whose *original* the RL reward would pay: each file's original is submitted to a CPU
+    :class:`~dice.validator.ValidatorPool` exactly as ``ValidatorReward`` submits a filled one (alone, or in
+    its folder with its include paths and an empty compile database), compile-only. The NVRTC check above
+    sees the device code only; wherever nvcc is installed the validator also compiles a file with host code
+    whole, and measured on the corpus a quarter of the NVRTC-kept files fail there (``<ATen/ATen.h>``,
+    headers the corpus lacks): every fill of such a file would earn 0, its groups all dropped. A task whose
+    hole lies in code no compiler type-checked for the original (a branch the preprocessor left out:
+    ``mark_unchecked``) is dropped too: any fill there would "compile". One compile per file, not per task.
+    Returns the kept rows and the counts (``dropped_rows``: the rows taken out, for the caller's tallies)."""
+    from dice.validator.verdict import FLAG_FILL_NOT_CHECKED, mark_unchecked
+    from training.cuke.cu_tasks import MASK as CU_MASK
+
+    origins = sorted({r["origin"] for r in train_rows + held_rows})
+    counts: dict[str, Any] = {"files": len(origins), "statuses": {}, "files_failed": 0}
+    counts["holes_not_checked"] = 0
+    if not origins:
+        return train_rows, held_rows, counts | {"dropped_rows": []}
+    own = cu_pool is None
+    if own:
+        from dice.validator import ValidatorPool
+
+        cu_pool = ValidatorPool(workers=max(1, os.cpu_count() or 1), gpu=False)
+    first = {}
+    for r in train_rows + held_rows:
+        first.setdefault(r["origin"], r)
+    no_db = out / "cache" / "no_compile_commands" / "compile_commands.json"
+    start = time.perf_counter()
+    try:
+        futures = {o: _submit_original(cu_pool, texts[o], first[o], out, no_db) for o in origins}
+        verdicts = {o: f.result() for o, f in futures.items()}
+    finally:
+        if own:
+            cu_pool.close()
+    counts["seconds"] = round(time.perf_counter() - start, 1)
+    statuses = Counter(v.status for v in verdicts.values())
+    counts["statuses"] = dict(sorted(statuses.items()))
+    ok = {o for o, v in verdicts.items() if v.status in ("compiled", "correct")}
+    counts["files_failed"] = len(origins) - len(ok)
+    dropped: list[dict] = []
+
+    def keeps(row: dict) -> bool:
+        if row["origin"] not in ok:
+            dropped.append(row)
+            return False
+        line = row["text"][: row["text"].index(CU_MASK)].count("\n")
+        if FLAG_FILL_NOT_CHECKED in mark_unchecked(verdicts[row["origin"]], line).flags:
+            counts["holes_not_checked"] += 1
+            dropped.append(row)
+            return False
+        return True
+
+    train_rows = [r for r in train_rows if keeps(r)]
+    held_rows = [r for r in held_rows if keeps(r)]
+    return train_rows, held_rows, counts | {"dropped_rows": dropped}
+
+
+def _submit_original(pool: Any, text: str, row: dict, out: Path, no_db: Path) -> Any:
+    """``submit_cu`` of a task's original, as ``training.rl.rewards.ValidatorReward._submit_cu`` submits a
+    fill (compile-only here: whether the file compiles, not a spec run)."""
+    if "folder" not in row:
+        return pool.submit_cu(text, run=False)
+    from dice.validator.build_flags import BuildOptions
+
+    if not no_db.is_file():
+        no_db.parent.mkdir(parents=True, exist_ok=True)
+        no_db.write_text("[]\n", encoding="utf-8")
+    build = BuildOptions(
+        compile_commands=str(no_db), include_paths=tuple(str(out / p) for p in row["include_paths"])
+    )
+    return pool.submit_cu(text, run=False, folder=str(out / row["folder"]), build=build)
 
 
 def _compile(jobs: list[tuple[str, tuple[str, ...]]], check: Callable[..., bool], workers: int) -> list[bool]:

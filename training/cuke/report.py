@@ -269,6 +269,19 @@ def write_card(rep: Report, path: Path) -> None:
             f"Held out before cutting: projects {', '.join(c.get('held_out_repos') or []) or 'none'}, and "
             f"{c.get('held_out_files')} files of the others.",
         ]
+        rc = c.get("reward_check") or {}
+        if rc.get("files"):
+            lines += [
+                "",
+                f"Reward check: each kept file's original was compiled as the RL reward compiles a fill (the "
+                f"validator's `.cu` path: NVRTC, and nvcc on the whole file where nvcc is installed and the "
+                f"file has host code), compile-only, in {rc.get('seconds')} s: of {rc['files']} files "
+                f"{rc['files'] - rc.get('files_failed', 0)} compiled "
+                f"({', '.join(f'{k} {v}' for k, v in (rc.get('statuses') or {}).items())}); the tasks of the "
+                f"{rc.get('files_failed', 0)} others, and {rc.get('holes_not_checked', 0)} tasks whose hole "
+                "no compiler type-checked in the original (a branch the preprocessor left out), were "
+                "dropped: no fill there could earn a reward. The task counts above are after it.",
+            ]
         if h:
             lines += [
                 "",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -282,3 +283,51 @@ def test_cli_refuses_without_a_gpu_unless_told_and_names_bad_records(tmp_path, s
     assert code == 0
     report = json.loads((tmp_path / "o2" / "report.json").read_text())
     assert any("line 1" in e and "pytorch_code" in e for e in report["read_errors"])
+
+
+def test_reward_check_keeps_only_tasks_whose_original_the_reward_pays(tmp_path):
+    """Each file's original goes to the pool once, as the reward submits a fill (a header task in its folder,
+    with its include paths and an empty compile database); a file that fails there loses its tasks, and so
+    does a hole the original's compile never type-checked."""
+    from dice.validator.verdict import Verdict
+    from training.cuke.build import reward_check
+
+    mask = "/* <MASK> */"
+    good = "__global__ void k(float* y) {\n    y[0] = 1.f;\n" + mask + "\n}\n"
+    rows = [
+        {"id": "a1", "origin": "r:a.cu", "text": good, "kind": "statement"},
+        {"id": "a2", "origin": "r:a.cu", "text": "#if 0\n" + good + "#endif\n", "kind": "statement"},
+        {"id": "b1", "origin": "r:b.cu", "text": good, "kind": "statement"},
+        {"id": "c1", "origin": "r:c.cu", "text": good, "kind": "expression", "folder": "cu_projects/r/src"}
+        | {"include_paths": ["cu_projects/r/include"]},
+    ]
+    texts = {"r:a.cu": "A", "r:b.cu": "B", "r:c.cu": "C"}
+
+    class Pool:
+        def __init__(self):
+            self.calls = []
+
+        def submit_cu(self, text, *, run=True, folder=None, build=None):
+            self.calls.append((text, run, folder, build))
+            if text == "B":
+                v = Verdict("compile_error", False, False, message="nvcc: ATen/ATen.h: no such file")
+            else:  # a's line 3 (0-based: a2's hole, not a1's at line 2) was not compiled
+                v = Verdict("compiled", True, None, message="compiled")
+                v.unchecked = (
+                    [{"line": 3, "end_line": 3, "reason": "#if 0", "function": "k"}] if text == "A" else []
+                )
+            f = concurrent.futures.Future()
+            f.set_result(v)
+            return f
+
+    pool = Pool()
+    train, held, counts = reward_check(rows[:2] + rows[3:], [rows[2]], texts, tmp_path, pool)
+    assert [r["id"] for r in train] == ["a1", "c1"] and held == []
+    assert counts["files"] == 3 and counts["files_failed"] == 1 and counts["holes_not_checked"] == 1
+    assert counts["statuses"] == {"compile_error": 1, "compiled": 2}
+    assert sorted(r["id"] for r in counts["dropped_rows"]) == ["a2", "b1"]
+    assert sorted(c[0] for c in pool.calls) == ["A", "B", "C"] and not any(c[1] for c in pool.calls)
+    c_call = next(c for c in pool.calls if c[0] == "C")
+    assert c_call[2] == str(tmp_path / "cu_projects/r/src")
+    assert c_call[3].include_paths == (str(tmp_path / "cu_projects/r/include"),)
+    assert json.loads(Path(c_call[3].compile_commands).read_text()) == []
