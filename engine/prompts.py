@@ -104,13 +104,28 @@ def suffix_head(suffix: str) -> str:
     return ""
 
 
+def _closed_find(generated: str, line: str) -> int:
+    """The first place ``line`` occurs in ``generated`` where the text before it leaves no bracket open
+    (-1: none). Mid-line, a suffix often starts with a closer (``while (<mask>)``: the suffix ``)``), and
+    the first ``)`` of a fill like ``f(a) > 0`` is the fill's own, not the suffix's."""
+    from engine.shape import open_brackets
+
+    at = generated.find(line)
+    while at >= 0:
+        if open_brackets(generated[:at]) == 0:
+            return at
+        at = generated.find(line, at + 1)
+    return -1
+
+
 def extract_middle(generated: str, suffix: str, *, starts_line: bool = True) -> tuple[str, bool]:
     """The middle of an infilling answer: text before the suffix's first line (or the code fence's end).
 
     ``starts_line``: ``generated`` begins at a line start (the prefix ended with a newline). When the
     suffix's first non-blank line sits at a line start (it follows a newline in the suffix, or the hole
     starts a line), it only matches at a line start with the same indentation, so a suffix "}" is not
-    taken for the closing brace of an inner block; otherwise it is searched anywhere.
+    taken for the closing brace of an inner block; otherwise it is searched anywhere the text before it
+    leaves no bracket open, so a suffix ")" is not taken for the fill's own ``)``.
     Returns (middle, found), ``found`` saying the suffix start (or the fence end) was seen.
     """
     lines = suffix.split("\n")
@@ -126,9 +141,9 @@ def extract_middle(generated: str, suffix: str, *, starts_line: bool = True) -> 
             ]
             cut = next((p for p in starts if generated.startswith(line, p)), -1)
         else:
-            cut = generated.find(line)
+            cut = _closed_find(generated, line)
         if cut < 0 and not anchored:
-            cut = generated.find(line.strip())
+            cut = _closed_find(generated, line.strip())
             if cut >= 0:
                 line_start = generated.rfind("\n", 0, cut) + 1
                 # Indentation before the suffix's first line belongs to the suffix, not the middle.

@@ -113,6 +113,19 @@ def cut_to_shape(text: str, shape: str | None) -> tuple[str, bool]:
     return (text, False) if end is None else (text[:end], True)
 
 
+def open_brackets(text: str) -> int:
+    """How many ``(``, ``[`` and ``{`` ``text`` leaves open (strings, comments and preprocessor lines
+    skipped; a closer with nothing open is ignored): a fill that still has a bracket open cannot have
+    ended, so a suffix that starts with a closer is not found inside it."""
+    stack: list[str] = []
+    for tok in _lex(text, final=True).tokens:
+        if tok.value in _OPENERS:
+            stack.append(tok.value)
+        elif tok.value in _CLOSERS and stack:
+            _close(stack, tok.value)
+    return len(stack)
+
+
 def _line_end(lexed: _Lexed) -> int | None:
     toks = lexed.tokens
     if not toks:

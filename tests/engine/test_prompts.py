@@ -85,3 +85,11 @@ def test_extract_middle_stops_at_the_suffix_start():
     assert extract_middle(body + "}\n", "\n}\n") == (body[:-1], True)
     # A suffix that continues the hole's line is found mid-line.
     assert extract_middle("a[i] + b[i];\n}", " + b[i];\n}", starts_line=False) == ("a[i]", True)
+    # ... but not inside the fill's own brackets: `while (<mask>)` filled with a call, `{ <mask> }` with an
+    # initialiser list (seen in CuKe tasks: the reward's reassembly of the original lost its last `)`)
+    fill = "__syncthreads_and(state != status)"
+    assert extract_middle(fill, ")\n    {\n", starts_line=False) == (fill, False)
+    assert extract_middle(fill + ")\n    {\n      f();", ")\n    {\n", starts_line=False) == (fill, True)
+    assert extract_middle("(m & (63 << 14)) == (63 << 14)", ")\n", starts_line=False)[0].endswith("14)")
+    assert extract_middle("return {0.f, 0.f}; }", " }\n};", starts_line=False) == ("return {0.f, 0.f};", True)
+    assert extract_middle('f(")") + 1) {', ") {\n", starts_line=False) == ('f(")") + 1', True)

@@ -113,8 +113,9 @@ def rollout_stats(groups: Sequence[Sequence[Rollout]]) -> RolloutStats:
 class SuffixWatch:
     """Whether an infilling answer fed piece by piece already holds its whole middle: the rule of
     ``InfillPlan.reached_end`` (``engine.prompts.extract_middle``: the suffix's first non-blank line at a line
-    start, or anywhere when it need not start a line; or the code fence's end; or, for a shaped hole, where a
-    fill of that shape ends), found with searches over the new text only."""
+    start, or, when it need not start a line, anywhere the text before it leaves no bracket open; or the code
+    fence's end; or, for a shaped hole, where a fill of that shape ends), found with searches over the new
+    text only."""
 
     def __init__(self, plan: InfillPlan) -> None:
         self.plan = plan
@@ -123,23 +124,30 @@ class SuffixWatch:
         first = next((i for i, line in enumerate(lines) if line.strip()), None)
         self.needles = ["```"]
         self.lead = ""  # prepended so an anchored match at the very start is found as "\n" + line
+        self.mid_line: str | None = None  # found only where the text before it leaves no bracket open
         if first is not None:
             line = lines[first].rstrip()
             if first > 0 or plan.starts_line:
                 self.needles.append("\n" + line)
                 self.lead = "\n" if plan.starts_line else ""
             else:
-                self.needles.append(line.strip())
+                self.mid_line = line.strip()
+                self.needles.append(self.mid_line)
         self.buffer = self.lead
 
     def feed(self, piece: str) -> bool:
         """Append ``piece``; True once the middle is complete."""
+        from engine.shape import open_brackets
+
         old = len(self.buffer)
         self.text += piece
         self.buffer += piece
         for needle in self.needles:
-            if self.buffer.find(needle, max(0, old - len(needle) + 1)) >= 0:
-                return True
+            at = self.buffer.find(needle, max(0, old - len(needle) + 1))
+            while at >= 0:
+                if needle != self.mid_line or open_brackets(self.buffer[:at]) == 0:
+                    return True
+                at = self.buffer.find(needle, at + 1)
         if self.plan.shape is not None and len(self.text) <= SHAPE_WATCH_CHARS:
             return self.plan.reached_end(self.text)
         return False

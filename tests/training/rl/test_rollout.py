@@ -273,6 +273,8 @@ def test_suffix_watch_agrees_with_the_plan(prefix, suffix, shape):
         "a + b;",
         "zz\n```\n",
         "long " * 50,
+        "g(a) > 0)\n",  # mid-line: the fill's own ")" is not the suffix's
+        'h(")") + (1)) {',
     ]
     for text in texts:
         for size in (1, 3, 7, len(text)):
