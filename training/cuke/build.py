@@ -436,7 +436,8 @@ def reward_check(
     whole, and measured on the corpus a quarter of the NVRTC-kept files fail there (``<ATen/ATen.h>``,
     headers the corpus lacks): every fill of such a file would earn 0, its groups all dropped. A task whose
     hole lies in code no compiler type-checked for the original (a branch the preprocessor left out:
-    ``mark_unchecked``) is dropped too: any fill there would "compile". One compile per file, not per task.
+    ``mark_unchecked``) is dropped too: any fill there would "compile"; and so is one whose target, given
+    as the answer, the reward would not reassemble into the original. One compile per file, not per task.
     Returns the kept rows and the counts (``dropped_rows``: the rows taken out, for the caller's tallies)."""
     from dice.validator.verdict import FLAG_FILL_NOT_CHECKED, mark_unchecked
     from training.cuke.cu_tasks import MASK as CU_MASK
@@ -444,6 +445,7 @@ def reward_check(
     origins = sorted({r["origin"] for r in train_rows + held_rows})
     counts: dict[str, Any] = {"files": len(origins), "statuses": {}, "files_failed": 0}
     counts["holes_not_checked"] = 0
+    counts["targets_not_reassembled"] = 0
     if not origins:
         return train_rows, held_rows, counts | {"dropped_rows": []}
     own = cu_pool is None
@@ -473,6 +475,10 @@ def reward_check(
         if row["origin"] not in ok:
             dropped.append(row)
             return False
+        if not _reassembles(row, out):
+            counts["targets_not_reassembled"] += 1
+            dropped.append(row)
+            return False
         line = row["text"][: row["text"].index(CU_MASK)].count("\n")
         if FLAG_FILL_NOT_CHECKED in mark_unchecked(verdicts[row["origin"]], line).flags:
             counts["holes_not_checked"] += 1
@@ -483,6 +489,17 @@ def reward_check(
     train_rows = [r for r in train_rows if keeps(r)]
     held_rows = [r for r in held_rows if keeps(r)]
     return train_rows, held_rows, counts | {"dropped_rows": dropped}
+
+
+def _reassembles(row: dict, out: Path) -> bool:
+    """Whether the RL reward, given the target as the model's answer, rebuilds the original file
+    (``training.rl.tasks.program_from``: the middle cut where the suffix starts or the hole's shape ends).
+    A task whose perfect answer is cut short could never be paid."""
+    from training.cuke.cu_tasks import MASK as CU_MASK
+    from training.rl.tasks import make_task, program_from
+
+    task = make_task(row, "cu_infill", base_dir=out)
+    return program_from(task, row["target"]) == row["text"].replace(CU_MASK, row["target"], 1)
 
 
 def _submit_original(pool: Any, text: str, row: dict, out: Path, no_db: Path) -> Any:

@@ -278,9 +278,11 @@ def write_card(rep: Report, path: Path) -> None:
                 f"file has host code), compile-only, in {rc.get('seconds')} s: of {rc['files']} files "
                 f"{rc['files'] - rc.get('files_failed', 0)} compiled "
                 f"({', '.join(f'{k} {v}' for k, v in (rc.get('statuses') or {}).items())}); the tasks of the "
-                f"{rc.get('files_failed', 0)} others, and {rc.get('holes_not_checked', 0)} tasks whose hole "
-                "no compiler type-checked in the original (a branch the preprocessor left out), were "
-                "dropped: no fill there could earn a reward. The task counts above are after it.",
+                f"{rc.get('files_failed', 0)} others, {rc.get('holes_not_checked', 0)} tasks whose hole "
+                "no compiler type-checked in the original (a branch the preprocessor left out) and "
+                f"{rc.get('targets_not_reassembled', 0)} whose target the reward would not reassemble into "
+                "the original were dropped: no fill there could earn a reward. The task counts above are "
+                "after it.",
             ]
         if h:
             lines += [

@@ -298,9 +298,13 @@ def test_reward_check_keeps_only_tasks_whose_original_the_reward_pays(tmp_path):
         {"id": "a1", "origin": "r:a.cu", "text": good, "kind": "statement"},
         {"id": "a2", "origin": "r:a.cu", "text": "#if 0\n" + good + "#endif\n", "kind": "statement"},
         {"id": "b1", "origin": "r:b.cu", "text": good, "kind": "statement"},
-        {"id": "c1", "origin": "r:c.cu", "text": good, "kind": "expression", "folder": "cu_projects/r/src"}
+        {"id": "c1", "origin": "r:c.cu", "text": good, "kind": "statement", "folder": "cu_projects/r/src"}
         | {"include_paths": ["cu_projects/r/include"]},
     ]
+    for row in rows:
+        row["target"] = "    y[1] = 2.f;"
+    for sub in ("src", "include"):
+        (tmp_path / "cu_projects" / "r" / sub).mkdir(parents=True)
     texts = {"r:a.cu": "A", "r:b.cu": "B", "r:c.cu": "C"}
 
     class Pool:
@@ -324,7 +328,9 @@ def test_reward_check_keeps_only_tasks_whose_original_the_reward_pays(tmp_path):
     train, held, counts = reward_check(rows[:2] + rows[3:], [rows[2]], texts, tmp_path, pool)
     assert [r["id"] for r in train] == ["a1", "c1"] and held == []
     assert counts["files"] == 3 and counts["files_failed"] == 1 and counts["holes_not_checked"] == 1
-    assert counts["statuses"] == {"compile_error": 1, "compiled": 2}
+    assert (
+        counts["statuses"] == {"compile_error": 1, "compiled": 2} and counts["targets_not_reassembled"] == 0
+    )
     assert sorted(r["id"] for r in counts["dropped_rows"]) == ["a2", "b1"]
     assert sorted(c[0] for c in pool.calls) == ["A", "B", "C"] and not any(c[1] for c in pool.calls)
     c_call = next(c for c in pool.calls if c[0] == "C")
