@@ -161,7 +161,8 @@ def build(
     rep.timings["dedup_and_split"] = time.perf_counter() - t
 
     kept: list[Pair] = []
-    if train:
+    # the layer blocks' teacher works without any pair: a build from a teacher alone still asks it
+    if train or cfg.teacher or teacher is not None:
         own_pool = pool is None
         if own_pool:
             from dice.validator import ValidatorPool
@@ -170,7 +171,7 @@ def build(
         deadline = None if cfg.time_budget_s is None else time.monotonic() + cfg.time_budget_s
         try:
             t = time.perf_counter()
-            kept = _validate(cfg, rep, train, pool, deadline, phase="pairs")
+            kept = _validate(cfg, rep, train, pool, deadline, phase="pairs") if train else []
             rep.timings["validate"] = time.perf_counter() - t
             t = time.perf_counter()
             kept += _augment(cfg, rep, kept, pool, teacher, deadline)
@@ -178,8 +179,17 @@ def build(
         finally:
             if own_pool:
                 pool.close()
+    else:  # nothing to validate: the report still shows what augmentation would feed
+        from training.cuke import augment
+
+        rep.augmentation = augment.augmentation_plan(
+            [], augment.layer_block_references(), None, samples=cfg.teacher_samples
+        )
+        rep.augmentation["mode"] = cfg.mode
     result = dedup.dedup_pairs(kept)
-    rep.count("near_duplicates", "all", len(result.dropped))
+    source_of = {p.id: p.source for p in kept}
+    for d in result.dropped:
+        rep.count("near_duplicates", source_of[d.pair_id])
     kept = result.kept
     for p in kept:
         rep.count("kept", p.source)

@@ -215,6 +215,12 @@ def _speedup(pair: Pair) -> float | None:
     return float(value) if ok else None
 
 
+def _posed(pair: Pair) -> tuple:
+    """The sizes a pair's problem is posed at, where augmentation chose them (None elsewhere)."""
+    m = pair.meta
+    return (m.get("variant"), m.get("block"), m.get("model"), m.get("batch"), m.get("seq_len"))
+
+
 def _same_problem(a: Pair, b: Pair, threshold: float) -> bool:
     """The references pose the same problem. Known keys decide when both have one: the same key is the same
     problem (in either version: the same operator at other sizes), two keys of one version are two problems
@@ -222,8 +228,9 @@ def _same_problem(a: Pair, b: Pair, threshold: float) -> bool:
     exact or near-equal (Jaccard >= threshold). A shape variant (augmentation) poses its problem at other
     sizes: it is the same problem only as a variant of the same sizes, so a kernel's variants are not
     duplicates of it or of each other (DICE keeps one sample per shape), while two near-equal kernels'
-    variants at one size are."""
-    if a.meta.get("variant") != b.meta.get("variant"):
+    variants at one size are. Layer-block references (``training.cuke.blocks``) of other shapes or models
+    are other problems in the same way."""
+    if _posed(a) != _posed(b):
         return False
     if a.problem and b.problem and a.kb_version and b.kb_version:
         if a.problem == b.problem:

@@ -337,3 +337,30 @@ def test_reward_check_keeps_only_tasks_whose_original_the_reward_pays(tmp_path):
     assert c_call[2] == str(tmp_path / "cu_projects/r/src")
     assert c_call[3].include_paths == (str(tmp_path / "cu_projects/r/include"),)
     assert json.loads(Path(c_call[3].compile_commands).read_text()) == []
+
+
+def test_a_teacher_is_asked_even_when_no_source_pair_reaches_validation(tmp_path, sources):
+    """The layer blocks' kernels come from the teacher alone: a build whose sources hold only references
+    still asks it, validates what it proposes and keeps the correct, fast ones (GPU mode, stubbed pool)."""
+
+    class StubTeacher:
+        name = "stub"
+
+        def __init__(self):
+            self.asked = 0
+
+        def propose(self, refs, samples):
+            self.asked += len(refs)
+            program = NEW.format(op="relu", verdict="correct 2.5", expr="x[i]")
+            return [[program] + [None] * (samples - 1) for _ in refs]
+
+    teacher = StubTeacher()
+    out = tmp_path / "out"
+    cfg = BuildConfig(sources=[sources[1]], out=out, holdout_fraction=0, shape_variants=0, teacher_samples=2)
+    rep = build(cfg, pool=StubPool(), teacher=teacher, compile_check=lambda text: True)
+    blocks = rep.augmentation["layer_blocks"]["references"]
+    assert teacher.asked == blocks > 0
+    assert rep.augmentation["validated"] == blocks and rep.augmentation["kept"] == blocks
+    # one kernel for every block: a sample per block and shape, none a near duplicate of another
+    assert rep.funnel["pairs"] == 0 and rep.funnel["near_duplicates"] == 0
+    assert rep.funnel["kept"] == len(_read(out / "sft.jsonl")) == blocks
