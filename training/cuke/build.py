@@ -485,7 +485,7 @@ def reward_check(
         if row["origin"] not in ok:
             dropped.append(row)
             return False
-        if not _reassembles(row, out):
+        if not _reassembles(row):
             counts["targets_not_reassembled"] += 1
             dropped.append(row)
             return False
@@ -501,15 +501,18 @@ def reward_check(
     return train_rows, held_rows, counts | {"dropped_rows": dropped}
 
 
-def _reassembles(row: dict, out: Path) -> bool:
-    """Whether the RL reward, given the target as the model's answer, rebuilds the original file
-    (``training.rl.tasks.program_from``: the middle cut where the suffix starts or the hole's shape ends).
+def _reassembles(row: dict) -> bool:
+    """Whether the RL reward, given the target as the model's answer, rebuilds the original file: the
+    middle is cut where the suffix starts or the hole's shape ends (``engine.infill.InfillPlan.finish``),
+    as ``training.rl.tasks.program_from`` cuts it for a task prompted with the whole file (its default).
     A task whose perfect answer is cut short could never be paid."""
+    from engine.infill import InfillPlan
+    from training.cuke.cu_tasks import CU_SHAPES
     from training.cuke.cu_tasks import MASK as CU_MASK
-    from training.rl.tasks import make_task, program_from
 
-    task = make_task(row, "cu_infill", base_dir=out)
-    return program_from(task, row["target"]) == row["text"].replace(CU_MASK, row["target"], 1)
+    before, after = row["text"].split(CU_MASK, 1)
+    plan = InfillPlan.make(before, after, context=None, shape=CU_SHAPES.get(str(row.get("kind"))))
+    return plan.finish(row["target"], True)[0] == row["target"]
 
 
 def _submit_original(pool: Any, text: str, row: dict, out: Path, no_db: Path) -> Any:

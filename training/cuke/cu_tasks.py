@@ -35,6 +35,8 @@ MASK = "/* <MASK> */"
 # Round-robin order of a file's holes: the editor's main use (one statement, one expression) first.
 KIND_ORDER = ("statement", "expression", "kernel_body", "statements", "loop_body")
 CU_KINDS = frozenset(KIND_ORDER)
+# The engine's hole shape (engine.shape) each kind is decoded and cut with; the others: no shape.
+CU_SHAPES = {"statement": "statement", "expression": "expression"}
 DEFAULT_PER_FILE = 8
 MAX_TARGET_CHARS = 1600  # as the SFT corpus's .cu holes (CorpusConfig.max_middle_chars)
 MAX_EXPRESSION_CHARS = 160

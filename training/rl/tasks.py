@@ -36,7 +36,7 @@ from typing import Any, Literal
 from engine.answers import extract_program
 from engine.infill import InfillPlan
 from engine.prompts import kernelbench_prompt
-from training.cuke.cu_tasks import MASK
+from training.cuke.cu_tasks import CU_SHAPES, MASK
 
 TaskKind = Literal["infill", "cu_infill", "e2e", "toy"]
 PHASE_KINDS: dict[str, tuple[str, ...]] = {
@@ -48,7 +48,6 @@ KIND_FILES = {"infill": "infill.jsonl", "cu_infill": "cu_infill.jsonl", "e2e": "
 # A .cu task has no level (one hole in one file): it is scheduled as a single op (training.rl.schedule).
 CU_LEVEL = 1
 # Which fill ends where (engine.shape) for CuKe's hole kinds; the others end at the suffix only.
-CU_SHAPES = {"statement": "statement", "expression": "expression"}
 
 _REQUIRED: dict[str, dict[str, type]] = {
     "infill": {
