@@ -16,15 +16,19 @@ from engine.kv_cache import KVCache
 from engine.model import DiceModel
 
 
+def cache_slots(max_slots: int) -> int:
+    """The slots a cache for ``max_slots`` gets: rounded up to a multiple of 256 so that requests of similar
+    length share one cache (and, on the graph runner, one capture); the extra slots are masked. Both runners
+    round alike, so they run the very same attention shapes."""
+    return -(-max_slots // 256) * 256
+
+
 class EagerRunner:
     def __init__(self, model: DiceModel) -> None:
         self.model = model
 
     def new_cache(self, batch_size: int, max_slots: int, block_size: int) -> KVCache:
-        # Slots rounded up to a multiple of 256 so that requests of similar length share one cache (and, on
-        # the graph runner, one capture); the extra slots are masked. Both runners round alike, so they run
-        # the very same attention shapes.
-        max_slots = -(-max_slots // 256) * 256
+        max_slots = cache_slots(max_slots)
         cfg = self.model.config
         p = self.model.lm_head.weight
         return KVCache(
@@ -89,7 +93,7 @@ class CudaGraphRunner(EagerRunner):
         self._caches: dict[tuple[int, int, int], KVCache] = {}
 
     def new_cache(self, batch_size: int, max_slots: int, block_size: int) -> KVCache:
-        key = (batch_size, -(-max_slots // 256) * 256, block_size)
+        key = (batch_size, cache_slots(max_slots), block_size)
         if key not in self._caches:
             self._caches[key] = super().new_cache(batch_size, max_slots, block_size)
         return self._caches[key]

@@ -13,7 +13,8 @@ through ctypes: the standard library has no ``prctl``). The parent kills it at a
 
 With PCH_DIR (a private folder the parent makes and removes) and NVRTC 12.4 or later, every compile asks for
 NVRTC's automatic precompiled header (``--pch``): the CUDA headers every file includes are parsed once per
-child, not once per compile (0.44 against 0.73 s a corpus file on the dev VM, the same diagnostics). NVRTC
+child, not once per compile where the same headers come again (1.64x on a reward's groups of a heavy-header
+task file; 0.8x on files compiled once each: ``benchmarks/results/nvrtc_pch_cpu.md``). NVRTC
 checks that a later compile's header prefix and options match before it uses a PCH. Its notes about the
 PCH (created, used, or why one could not be used) are turned off and, should one still appear, taken out
 of the log: they are not about the user's code.

@@ -415,18 +415,12 @@ def _cu_tasks(
         stats.compiled -= len(failed)
         stats.compiled_with_headers -= len(failed)
         stats.dropped_after_prune += len(failed)
-        for row in (r for r in train_rows + held_rows if r["origin"] in failed):
-            stats.tasks -= 1
-            stats.by_kind[row["kind"]] -= 1
-        stats.by_kind = +stats.by_kind  # no kinds left at zero
+        _uncount(stats, [r for r in train_rows + held_rows if r["origin"] in failed])
         train_rows = [r for r in train_rows if r["origin"] not in failed]
         held_rows = [r for r in held_rows if r["origin"] not in failed]
     texts |= {cf.id: cf.text for cf in kernel_files}
     train_rows, held_rows, check_stats = reward_check(train_rows, held_rows, texts, cfg.out, cu_pool)
-    for row in check_stats.pop("dropped_rows"):
-        stats.tasks -= 1
-        stats.by_kind[row["kind"]] -= 1
-    stats.by_kind = +stats.by_kind
+    _uncount(stats, check_stats.pop("dropped_rows"))
     rep.cu_tasks = stats.to_json() | {
         "reward_check": check_stats,
         "held_out_repos": sorted(held_repos),
@@ -434,6 +428,14 @@ def _cu_tasks(
         "headers": tree.stats.to_json(),
     }
     return train_rows, held_rows
+
+
+def _uncount(stats: Any, rows: list[dict]) -> None:
+    """Take dropped task rows out of the ``CuTaskStats`` tallies (no kind left at zero)."""
+    for row in rows:
+        stats.tasks -= 1
+        stats.by_kind[row["kind"]] -= 1
+    stats.by_kind = +stats.by_kind
 
 
 def reward_check(
@@ -451,6 +453,7 @@ def reward_check(
     Returns the kept rows and the counts (``dropped_rows``: the rows taken out, for the caller's tallies)."""
     from dice.validator.verdict import FLAG_FILL_NOT_CHECKED, mark_unchecked
     from training.cuke.cu_tasks import MASK as CU_MASK
+    from training.cuke.cu_tasks import submit_task_file
 
     origins = sorted({r["origin"] for r in train_rows + held_rows})
     counts: dict[str, Any] = {"files": len(origins), "statuses": {}, "files_failed": 0}
@@ -469,7 +472,17 @@ def reward_check(
     no_db = out / "cache" / "no_compile_commands" / "compile_commands.json"
     start = time.perf_counter()
     try:
-        futures = {o: _submit_original(cu_pool, texts[o], first[o], out, no_db) for o in origins}
+        futures = {
+            o: submit_task_file(  # compile-only: whether the original compiles, not a spec run
+                cu_pool,
+                texts[o],
+                folder=str(out / first[o]["folder"]) if "folder" in first[o] else None,
+                include_paths=[str(out / p) for p in first[o].get("include_paths", ())],
+                empty_database=no_db,
+                run=False,
+            )
+            for o in origins
+        }
         verdicts = {o: f.result() for o, f in futures.items()}
     finally:
         if own:
@@ -513,22 +526,6 @@ def _reassembles(row: dict) -> bool:
     before, after = row["text"].split(CU_MASK, 1)
     plan = InfillPlan.make(before, after, context=None, shape=CU_SHAPES.get(str(row.get("kind"))))
     return plan.finish(row["target"], True)[0] == row["target"]
-
-
-def _submit_original(pool: Any, text: str, row: dict, out: Path, no_db: Path) -> Any:
-    """``submit_cu`` of a task's original, as ``training.rl.rewards.ValidatorReward._submit_cu`` submits a
-    fill (compile-only here: whether the file compiles, not a spec run)."""
-    if "folder" not in row:
-        return pool.submit_cu(text, run=False)
-    from dice.validator.build_flags import BuildOptions
-
-    if not no_db.is_file():
-        no_db.parent.mkdir(parents=True, exist_ok=True)
-        no_db.write_text("[]\n", encoding="utf-8")
-    build = BuildOptions(
-        compile_commands=str(no_db), include_paths=tuple(str(out / p) for p in row["include_paths"])
-    )
-    return pool.submit_cu(text, run=False, folder=str(out / row["folder"]), build=build)
 
 
 def _compile(jobs: list[tuple[str, tuple[str, ...]]], check: Callable[..., bool], workers: int) -> list[bool]:

@@ -186,6 +186,37 @@ def cu_infill_tasks(
             pool.shutdown(cancel_futures=True)
 
 
+def submit_task_file(
+    pool: Any,
+    text: str,
+    *,
+    folder: str | None = None,
+    include_paths: Sequence[str] = (),
+    empty_database: str | os.PathLike[str] | None = None,
+    run: bool,
+    spec_origin: Any = None,
+) -> Any:
+    """``pool.submit_cu`` of a ``.cu`` task's file (an original or a filled one) as the RL reward compiles
+    it: alone, or, for a file that needs its project's headers, in ``folder`` with ``include_paths`` and the
+    explicitly named ``empty_database`` (a ``compile_commands.json`` with no entries, written here when
+    missing), so that no database above the folder lends its flags. One function for CuKe's check of each
+    original and the reward's check of each fill: both must compile a file the same way."""
+    if folder is None:
+        return pool.submit_cu(text, run=run, spec_origin=spec_origin)
+    from pathlib import Path
+
+    from dice.validator.build_flags import BuildOptions
+
+    if empty_database is None:
+        raise ValueError("a file compiled in its folder needs the empty compile database's path")
+    database = Path(empty_database)
+    if not database.is_file():
+        database.parent.mkdir(parents=True, exist_ok=True)
+        database.write_text("[]\n", encoding="utf-8")
+    build = BuildOptions(compile_commands=str(database), include_paths=tuple(include_paths))
+    return pool.submit_cu(text, run=run, spec_origin=spec_origin, folder=folder, build=build)
+
+
 def compile_all(
     jobs: Sequence[tuple[str, tuple[str, ...]]], compile_check: Callable[..., bool], pool=None
 ) -> list[bool]:
@@ -407,4 +438,5 @@ __all__ = [
     "hole_cuts",
     "nvrtc_compiles",
     "process_pool",
+    "submit_task_file",
 ]

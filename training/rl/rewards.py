@@ -54,6 +54,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from training.cuke.cu_tasks import submit_task_file
 from training.cuke.validate import guard_name
 from training.rl.rollout import Rollout
 from training.rl.tasks import Task, file_split, program_from
@@ -335,23 +336,18 @@ class ValidatorReward:
         """``submit_cu`` of a filled file: alone, or in its task's folder with its include paths."""
         headers = job.task.headers
         if headers is None:
-            return self.pool.submit_cu(job.program, run=True, spec_origin=origin)
-        from dice.validator.build_flags import BuildOptions
-
-        build = BuildOptions(compile_commands=self._empty_database(), include_paths=headers.include_paths)
-        return self.pool.submit_cu(
-            job.program, run=True, spec_origin=origin, folder=headers.folder, build=build
-        )
-
-    def _empty_database(self) -> str:
-        """A ``compile_commands.json`` with no entries, named explicitly: the validator then uses it alone
-        (no search above the folder) and, finding no entry, compiles with the folder and include paths only,
-        as CuKe's check did."""
+            return submit_task_file(self.pool, job.program, run=True, spec_origin=origin)
         if self._no_database is None:
             self._no_database = tempfile.TemporaryDirectory(prefix="dice-rl-no-compdb-")
-            with open(f"{self._no_database.name}/compile_commands.json", "w", encoding="utf-8") as fh:
-                fh.write("[]\n")
-        return f"{self._no_database.name}/compile_commands.json"
+        return submit_task_file(
+            self.pool,
+            job.program,
+            folder=headers.folder,
+            include_paths=headers.include_paths,
+            empty_database=f"{self._no_database.name}/compile_commands.json",
+            run=True,
+            spec_origin=origin,
+        )
 
     def _scored(self, task: Task, verdict: Any, has_spec: bool, program: str) -> Scored:
         from dice.validator.verdict import FLAG_FILL_NOT_CHECKED

@@ -308,11 +308,12 @@ def rows_within_budget(
     if settings.kv_budget_bytes is None or not prompts:
         return rows
     from engine.decode import slots_needed
+    from engine.runner import cache_slots
 
     limit = engine.config.max_position_embeddings
     longest = max(len(p) for p in prompts)
     new = max(1, min(settings.max_new_tokens, limit - longest))
-    slots = -(-slots_needed([longest], settings.block_size, new) // 256) * 256
+    slots = cache_slots(slots_needed([longest], settings.block_size, new))
     fit = max(1, settings.kv_budget_bytes // (slots * engine.kv_bytes_per_slot()))
     return fit if rows is None else min(rows, fit)
 

@@ -47,8 +47,6 @@ PHASE_KINDS: dict[str, tuple[str, ...]] = {
 KIND_FILES = {"infill": "infill.jsonl", "cu_infill": "cu_infill.jsonl", "e2e": "e2e.jsonl", "toy": "toy"}
 # A .cu task has no level (one hole in one file): it is scheduled as a single op (training.rl.schedule).
 CU_LEVEL = 1
-# Which fill ends where (engine.shape) for CuKe's hole kinds; the others end at the suffix only.
-
 _REQUIRED: dict[str, dict[str, type]] = {
     "infill": {
         "id": str,

@@ -311,7 +311,7 @@ def test_reward_check_keeps_only_tasks_whose_original_the_reward_pays(tmp_path):
         def __init__(self):
             self.calls = []
 
-        def submit_cu(self, text, *, run=True, folder=None, build=None):
+        def submit_cu(self, text, *, run=True, folder=None, build=None, spec_origin=None):
             self.calls.append((text, run, folder, build))
             if text == "B":
                 v = Verdict("compile_error", False, False, message="nvcc: ATen/ATen.h: no such file")
