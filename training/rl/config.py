@@ -45,6 +45,14 @@ class RLConfig(CliConfig):
     group_size: int = field(default=16, metadata={"help": "samples per task (the advantage group)"})
     max_new_tokens: int = field(default=4096, metadata={"help": "length cap of a rollout's response"})
     temperature: float = field(default=1.0, metadata={"help": "rollout sampling temperature"})
+    top_p: float = field(
+        default=1.0,
+        metadata={
+            "help": "rollout nucleus sampling: draw from the smallest set of tokens holding this much "
+            "probability (1 = off: DICE; a small model's tail at T 1 is mostly noise)"
+        },
+    )
+    top_k: int = field(default=0, metadata={"help": "rollout top-k sampling (0 = off: DICE)"})
     policy: str = field(
         default="dynamic", metadata={"help": "unmasking policy of the rollouts (engine: static | dynamic)"}
     )
@@ -267,6 +275,10 @@ class RLConfig(CliConfig):
             raise ValueError("--group-size must be >= 2: a group of one sample has no advantage")
         if self.temperature < 0:
             raise ValueError("--temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"--top-k must be >= 0 (0 = off), got {self.top_k}")
         if not 0 < self.threshold <= 1 and self.policy == "dynamic":
             raise ValueError("--threshold must be in (0, 1] for dynamic unmasking")
         if self.lr <= 0 or self.clip_eps <= 0 or self.kl_beta < 0:

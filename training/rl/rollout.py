@@ -211,6 +211,8 @@ class RolloutSettings:
     batch_rows: int | None = None
     stop_at_suffix: bool = True
     kv_budget_bytes: int | None = None  # cap on one chunk's K/V cache: fewer rows per chunk when it binds
+    top_p: float | None = None  # nucleus / top-k filtering of the sampled distribution (None: off, DICE)
+    top_k: int | None = None
 
 
 def rollout(
@@ -226,6 +228,8 @@ def rollout(
     seed: int = 0,
     batch_rows: int | None = None,
     stop_at_suffix: bool = True,
+    top_p: float | None = None,
+    top_k: int | None = None,
 ) -> list[list[Rollout]]:
     """``group_size`` samples of every task (``result[i][j]``: task ``i``, sample ``j``). See the module
     docstring for batching, stopping and seeding; :func:`rollout_chunks` yields the same groups as each
@@ -240,6 +244,8 @@ def rollout(
         seed,
         batch_rows,
         stop_at_suffix,
+        top_p=top_p,
+        top_k=top_k,
     )
     groups: list[list[Rollout | None]] = [[None] * group_size for _ in tasks]
     for pieces in rollout_chunks(engine, tasks, settings):
@@ -280,6 +286,8 @@ def rollout_chunks(
             policy=settings.policy,
             threshold=settings.threshold,
             temperature=settings.temperature,
+            top_p=settings.top_p,
+            top_k=settings.top_k,
             stop_ids=[],
             seed=chunk_seed(settings.seed, c),
             until=lambda row, ids, w=watches: w[row](ids),

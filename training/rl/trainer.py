@@ -436,6 +436,8 @@ class RLTrainer:
         settings = RolloutSettings(
             group_size=1 if greedy else cfg.group_size,
             temperature=0.0 if greedy else cfg.temperature,
+            top_p=cfg.top_p if cfg.top_p < 1 else None,
+            top_k=cfg.top_k or None,
             policy=cfg.policy,
             threshold=cfg.threshold,
             block_size=self.block_size,

@@ -355,6 +355,17 @@ def test_sampled_rollout_reproducible_per_batch_rows(engine):
     assert [[r.sample for r in g] for g in a] == [[0, 1, 2], [0, 1, 2]]
 
 
+def test_top_k_one_samples_the_greedy_rollout_and_top_p_filters(engine):
+    """``--top-k`` / ``--top-p`` reach the sampler: top-k 1 at T 1 draws the argmax, so the rollouts (tokens,
+    step maps) are the greedy ones; a tiny nucleus does the same (it keeps the most likely token only)."""
+    tasks = toy_tasks(2)
+    kw = dict(group_size=2, max_new_tokens=12, seed=5)
+    greedy = rollout(engine, tasks, temperature=0.0, **kw)
+    assert rollout(engine, tasks, temperature=1.0, top_k=1, **kw) == greedy
+    assert rollout(engine, tasks, temperature=1.0, top_p=1e-6, **kw) == greedy
+    assert rollout(engine, tasks, temperature=1.0, **kw) != greedy  # the random tiny model: T 1 differs
+
+
 def test_a_kv_budget_lowers_the_rows_per_chunk_and_release_frees_the_engine(engine):
     """One chunk's K/V cache is rows x slots x bytes per slot; a budget of three rows' worth decodes the
     groups three rows at a time (a group cut into pieces), greedy results unchanged; the engine still

@@ -329,6 +329,8 @@ def test_every_config_field_is_a_flag_and_cli_errors_are_clear(
         (["--kl-mode", "frozen"], "--kl-mode 'frozen': use one of old, ref, none"),
         (["--eval-tasks", str(toy_tasks)], "also a --tasks file"),
         (["--tasks-per-step", "0"], "--tasks-per-step must be positive"),
+        (["--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
+        (["--top-k", "-1"], "--top-k must be >= 0 (0 = off), got -1"),
     ]
     for extra, message in cases:
         assert dice_main([*base, *extra]) == 2, extra
