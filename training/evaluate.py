@@ -64,21 +64,36 @@ def evaluate_heldout(
     max_new_tokens: int = 64,
     seed: int = 0,
 ) -> dict:
-    """Generate and compile held-out .cu infills; returns per-item records and a summary by kind."""
+    """Generate and compile held-out .cu infills; returns per-item records and a summary by kind.
+
+    An item whose prompt (the one the engine builds for the hole) plus ``max_new_tokens`` exceeds ``seq_len``
+    (longer than anything the model was trained on) or the model's context is skipped and counted in the
+    summary's ``skipped_too_long``."""
     from dice.validator import ValidatorPool
     from engine import load_engine
+    from engine.infill import InfillPlan
 
     engine = load_engine(model_dir, device="cpu")
+    limit = min(seq_len, engine.config.max_position_embeddings)
     items = select_infill_items(read_examples(heldout), max_infill, seed)
     records = []
+    skipped = 0
     started = time.perf_counter()
     with ValidatorPool(workers=2, timeout_s=60.0, gpu=False) as pool:
         for ex in items:
-            prompt_tokens = len(engine.tokenizer.encode(ex.prompt))
-            if prompt_tokens + max_new_tokens > seq_len:
-                continue  # longer than anything the model was trained on
+            plan = InfillPlan.make(ex.meta["prefix"], ex.meta["suffix"])
+            prompt_tokens = len(engine.tokenizer.encode(plan.prompt_text))
+            if prompt_tokens + max_new_tokens > limit:
+                skipped += 1
+                continue
             records.append(_infill_record(engine, pool, ex, prompt_tokens, max_new_tokens))
-    summary: dict = {"items": len(records), "seconds": round(time.perf_counter() - started, 1), "by_kind": {}}
+    summary: dict = {
+        "items": len(records),
+        "skipped_too_long": skipped,
+        "context_limit": limit,
+        "seconds": round(time.perf_counter() - started, 1),
+        "by_kind": {},
+    }
     summary.update(_stats(records))
     for kind in _kinds({r["kind"] for r in records}):
         rows = [r for r in records if r["kind"] == kind]

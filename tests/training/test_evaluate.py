@@ -64,3 +64,18 @@ def test_pipeline_compiles_reference_candidate_and_empty_fill(tmp_path: Path) ->
     assert record["empty_compiles"] is True  # deleting this statement still compiles: the baseline
     assert result["summary"]["reference_compiles"] == 1
     assert result["summary"]["empty_fill_compile_rate"] == 1.0
+
+
+def test_items_longer_than_the_context_are_skipped_and_counted(tmp_path: Path) -> None:
+    """The length checked is the prompt the engine builds for the hole (the DICE infilling template around the
+    file), not the record's own prompt text; the model's context caps ``seq_len``."""
+    pytest.importorskip("cupy")
+    from engine.testing import make_tiny_checkpoint
+
+    ckpt = make_tiny_checkpoint(tmp_path / "ckpt")
+    heldout = tmp_path / "heldout.jsonl.gz"
+    with gzip.open(heldout, "wt") as fh:
+        fh.write(infill_example(1, "statement", "y[i] = a * x[i];").to_json() + "\n")
+    result = evaluate_heldout(ckpt, heldout, seq_len=200, max_infill=1, max_new_tokens=8)
+    assert result["records"] == []
+    assert result["summary"]["skipped_too_long"] == 1 and result["summary"]["context_limit"] == 200
