@@ -6,7 +6,9 @@ setting); the filled file's device code is compiled with NVRTC in the validator'
 output never runs or compiles in this process). Items whose *original* file does not compile are left out of
 the compile rate, so a failure is the model's. There is no ``dice-spec`` (no inputs, no reference run) for
 these files, so "correct" can only be judged by text: exact match with the original middle (whitespace
-normalised) is reported as a strict lower bound of correctness.
+normalised) is reported as a strict lower bound of correctness. NVRTC sees the device code only: a hole
+the compiler does not type-check (host code, a template nothing instantiates) is found by compiling a probe
+no C++ context accepts in its place; such items are counted (``not_checked``) and left out of the rates.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from training.corpus import INFILL_KINDS, Example, read_examples
+
+PROBE = "@dice_probe@"  # a stray '@' is an error in any statement or expression NVRTC parses
 
 
 def _normalise(code: str) -> str:
@@ -124,8 +128,13 @@ def _infill_record(engine, pool, ex: Example, prompt_tokens: int, max_new_tokens
     candidate = extract_device_code(meta["prefix"] + best.text + meta["suffix"]).source
     # Baseline: the file with the hole left empty (deleting a statement often still compiles).
     empty = extract_device_code(meta["prefix"] + meta["suffix"]).source
-    futures = [pool.submit_cu(src, run=False) for src in (reference, candidate, empty)]
-    ref_v, cand_v, empty_v = (f.result() for f in futures)
+    # Checkability: NVRTC sees the device code only, so a hole in host code (or in code nothing
+    # instantiates) is never type-checked and any fill there "compiles". A probe no C++ context accepts
+    # must fail in the hole for a fill's verdict to mean anything (the product's rule: compiled only when
+    # the filled code was type-checked).
+    probe = extract_device_code(meta["prefix"] + PROBE + meta["suffix"]).source
+    futures = [pool.submit_cu(src, run=False) for src in (reference, candidate, empty, probe)]
+    ref_v, cand_v, empty_v, probe_v = (f.result() for f in futures)
     return {
         "id": ex.id,
         "group": ex.group,
@@ -140,19 +149,24 @@ def _infill_record(engine, pool, ex: Example, prompt_tokens: int, max_new_tokens
         "candidate_compiles": cand_v.compiled,
         "candidate_status": cand_v.status,
         "empty_compiles": empty_v.compiled,
+        "hole_checked": not probe_v.compiled,
         "generate_s": round(gen_s, 3),
     }
 
 
 def _stats(rows: list[dict]) -> dict:
-    """Compile and exact-match rates of some records, over those whose original file compiles."""
-    usable = [r for r in rows if r["reference_compiles"]]
+    """Compile and exact-match rates of some records, over those whose original file compiles and whose hole
+    the compiler type-checks (``not_checked``: originals that compile around a hole nothing checks)."""
+    usable = [r for r in rows if r["reference_compiles"] and r.get("hole_checked", True)]
+    not_checked = sum(1 for r in rows if r["reference_compiles"] and not r.get("hole_checked", True))
     compiled = sum(r["candidate_compiles"] for r in usable)
     exact = sum(r["exact"] for r in usable)
     empty = sum(r["empty_compiles"] for r in usable)
     return {
         "items": len(rows),
-        "reference_compiles": len(usable),
+        "reference_compiles": len(usable) + not_checked,
+        "not_checked": not_checked,
+        "checked": len(usable),
         "top1_compiles": compiled,
         "top1_compile_rate": round(compiled / len(usable), 4) if usable else None,
         "empty_fill_compile_rate": round(empty / len(usable), 4) if usable else None,

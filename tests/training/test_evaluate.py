@@ -79,3 +79,23 @@ def test_items_longer_than_the_context_are_skipped_and_counted(tmp_path: Path) -
     result = evaluate_heldout(ckpt, heldout, seq_len=200, max_infill=1, max_new_tokens=8)
     assert result["records"] == []
     assert result["summary"]["skipped_too_long"] == 1 and result["summary"]["context_limit"] == 200
+
+
+def test_a_hole_in_host_code_is_not_counted_as_compiled(tmp_path: Path) -> None:
+    """NVRTC compiles the device code only: a fill in the torch wrapper is never type-checked, so the item
+    is counted as ``not_checked`` and left out of the rates (it used to count as compiled, whatever the
+    model wrote there)."""
+    pytest.importorskip("cupy")
+    from engine.testing import make_tiny_checkpoint
+
+    ckpt = make_tiny_checkpoint(tmp_path / "ckpt")
+    heldout = tmp_path / "heldout.jsonl.gz"
+    with gzip.open(heldout, "wt") as fh:
+        fh.write(infill_example(1, "statement", "auto y = torch::empty_like(x);").to_json() + "\n")
+        fh.write(infill_example(2, "statement", "y[i] = a * x[i];").to_json() + "\n")
+    result = evaluate_heldout(ckpt, heldout, max_infill=2, max_new_tokens=8)
+    by_middle = {r["middle"]: r for r in result["records"]}
+    assert by_middle["auto y = torch::empty_like(x);"]["hole_checked"] is False
+    assert by_middle["y[i] = a * x[i];"]["hole_checked"] is True
+    summary = result["summary"]
+    assert (summary["reference_compiles"], summary["not_checked"], summary["checked"]) == (2, 1, 1)
