@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import time
@@ -52,7 +53,8 @@ class ServeConfig:
     steps_per_block: int | None = None
     window_s: float = 0.005
     max_body_bytes: int = MAX_BODY_BYTES
-    infill_holes: str | None = None  # the checkpoint's dice.json says how its holes are prompted
+    # how the model's holes are prompted; None: what the served checkpoint's dice.json says (byte without one)
+    infill_holes: str | None = None
 
 
 class _Sink:
@@ -94,6 +96,11 @@ class DiceServer:
     """The engine, its batcher and metrics behind one FastAPI app (``.app``)."""
 
     def __init__(self, engine: Any, config: ServeConfig) -> None:
+        if config.infill_holes is None:  # the card must declare the checkpoint's own hole cut: a client
+            # prompting a "line" model with byte cuts gets other fills than the same model in process
+            from engine.model_settings import read_hole_cut
+
+            config = dataclasses.replace(config, infill_holes=read_hole_cut(getattr(engine, "path", None)))
         self.engine, self.config = engine, config
         self.metrics = Metrics()
         self.batcher = Batcher(

@@ -36,6 +36,11 @@ def test_models_and_health(served, tiny_engine):
     models = client(served.url).models.list()
     assert [m.id for m in models.data] == ["dice-tiny"]
     assert models.data[0].model_extra["max_model_len"] == tiny_engine.config.max_position_embeddings
+    # the card declares the checkpoint's own hole cut (its dice.json) when the config names none, so a client
+    # prompts the served model as it prompts the same model in process (the embedded model says "line")
+    from engine.model_settings import read_hole_cut
+
+    assert models.data[0].model_extra["infill_holes"] == read_hole_cut(tiny_engine.path) == "line"
     assert httpx.get(served.url + "/health").json()["status"] == "ok"
 
 
@@ -128,7 +133,7 @@ def test_stop_strings_cut_and_are_never_streamed(served, tiny_engine):
     [
         ({"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
         ({"prompt": "x", "model": "gpt-4"}, 404, "does not exist"),
-        ({"prompt": "x", "max_tokens": 9000}, 400, "maximum context length is 8192"),
+        ({"prompt": "x", "max_tokens": 9000}, 400, "maximum context length is {context} tokens"),
         ({"prompt": "x " * 9000, "max_tokens": 4}, 400, "maximum context length"),
         ({"prompt": [10**9], "max_tokens": 4}, 400, "outside the vocabulary"),
         ({"prompt": "", "max_tokens": 4}, 400, "empty"),
@@ -144,7 +149,7 @@ def test_bad_requests_get_a_clear_4xx(served, body, status, words):
     r = httpx.post(served.url + "/v1/completions", json=body, timeout=30)
     assert r.status_code == status, r.text
     error = r.json()["error"]
-    assert words in error["message"] and error["type"]
+    assert words.format(context=served.server.context) in error["message"] and error["type"]
 
 
 def test_malformed_json_huge_bodies_and_unknown_routes(served):
