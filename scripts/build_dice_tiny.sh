@@ -112,6 +112,9 @@ ship() {
     src=$RUN/$SHIP/final
     rm -rf "$dest.new" && mkdir -p "$dest.new"
     cp "$src/"{config.json,model.safetensors,tokenizer.json,tokenizer_config.json,dice.json} "$dest.new/"
+    # the resolved SFT configuration (an RL export carries its rl_config.json as well)
+    for f in sft_config.json rl_config.json; do [[ -f $src/$f ]] && cp "$src/$f" "$dest.new/"; done
+    [[ -f $dest.new/sft_config.json ]] || cp "$RUN/sft/final/sft_config.json" "$dest.new/"
     cp "$RUN/sft/"{loss_curve.csv,eval_curve.csv,loss_curve.png,summary.json} "$dest.new/"
     [[ -f $dest/MODEL_CARD.md ]] && cp "$dest/MODEL_CARD.md" "$dest.new/"
     rm -rf "$dest" && mv "$dest.new" "$dest"

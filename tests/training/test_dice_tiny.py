@@ -31,11 +31,27 @@ def test_the_engine_loads_dice_tiny_when_no_model_is_named() -> None:
 
 
 def test_size_budget_and_model_card() -> None:
+    """Issue 21's budget (weights <= 64 MB in the package), and a card that describes these weights: their
+    sha256 and parameter count, the held-out sections, the sources and the rebuild command."""
+    import hashlib
+    import math
+
+    from safetensors import safe_open
+
     total = sum(p.stat().st_size for p in DICE_TINY.iterdir() if p.is_file())
-    assert total <= 30 * 2**20
-    assert (DICE_TINY / "model.safetensors").stat().st_size <= 16 * 2**20
+    assert total <= 64_000_000
+    weights = DICE_TINY / "model.safetensors"
+    assert weights.stat().st_size <= 64_000_000
     card = (DICE_TINY / "MODEL_CARD.md").read_text()
     for needle in ("Held-out numbers", "Limitations", "scripts/build_dice_tiny.sh", "DICE-8B", "MIT"):
         assert needle in card
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert f"sha256 `{digest[:8]}…{digest[-6:]}`" in card
+    with safe_open(str(weights), "pt") as f:
+        names = f.keys()  # a safe_open handle is not iterable
+        params = sum(math.prod(f.get_slice(k).get_shape()) for k in names)
+    assert f"{params:,} (embedding" in card
     sft = json.loads((DICE_TINY / "sft_config.json").read_text())  # the resolved training configuration
-    assert sft["init_config"] and sft["model"] is None and sft["max_steps"] == 8000
+    assert sft["init_config"] and sft["model"] is None  # trained from random initialisation
+    if (DICE_TINY / "dice.json").exists():  # the hole cut the model was trained on, read by the assistant
+        assert json.loads((DICE_TINY / "dice.json").read_text())["infill_holes"] in ("line", "byte")
