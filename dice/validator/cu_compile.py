@@ -20,7 +20,12 @@ from dice.validator.build_flags import BuildFlags, BuildOptions, resolve_build_f
 from dice.validator.compile import CompileResult, nvrtc_compile
 from dice.validator.diagnostics import format_diagnostic, include_site_finder
 from dice.validator.paths import nvcc_path
-from dice.validator.unchecked import launch_name_expressions, unchecked_ranges
+from dice.validator.unchecked import (
+    branch_probe,
+    launch_name_expressions,
+    merge_unchecked,
+    unchecked_ranges,
+)
 from dice.validator.verdict import Verdict
 from dice.validator.whole_file import nvcc_check_file, project_deps
 
@@ -137,7 +142,37 @@ def run_compile_checks(
         checks.notes.append(
             "host code and templates not compiled: nvcc not found (set CUDA_HOME or put nvcc on PATH)"
         )
+    if nvrtc.ok:
+        inactive = _inactive_branches(ctx, file, device, doc, checks.nvrtc_options, arch)
+        nvrtc_unchecked = merge_unchecked(nvrtc_unchecked, inactive)
     return _nvrtc_only(checks, file, nvrtc, nvrtc_unchecked)
+
+
+def _inactive_branches(
+    ctx: WorkerContext,
+    file: CuFile,
+    device: DeviceCode,
+    doc: CudaDocument,
+    options: list[str],
+    arch: str | None,
+) -> list[dict[str, Any]]:
+    """The ``#if`` branches NVRTC skipped, when only NVRTC decides (nvcc's own preprocessing says it
+    otherwise): a fill in a skipped branch was never type-checked, whatever the verdict. One more NVRTC
+    compile, of the device code with a ``#warning`` probe per branch (:func:`branch_probe`), only for
+    files that have conditional branches with code in them."""
+    probe = branch_probe(device)
+    if probe is None:
+        return []
+    result = nvrtc_compile(
+        probe.source,
+        arch=arch,
+        line_map=probe.line_map,
+        display_name=file.filename,
+        options=options,
+        timeout_s=ctx.nvrtc_timeout_s,
+        memory_bytes=ctx.compile_memory_bytes,
+    )
+    return probe.inactive(result.log, device, doc)
 
 
 def _nvrtc_summary(result: CompileResult) -> str:

@@ -227,6 +227,11 @@ def unchecked_ranges(
     return _outermost(out)
 
 
+def merge_unchecked(*lists: Sequence[dict[str, object]]) -> list[dict[str, object]]:
+    """Several ``unchecked`` lists as one, in file order, entries inside another one dropped."""
+    return _outermost([dict(e) for entries in lists for e in entries])
+
+
 def _outermost(entries: list[dict[str, object]]) -> list[dict[str, object]]:
     """Drop entries inside another one (a method inside an unchecked class template's method...)."""
     entries.sort(key=lambda e: (e["line"], -int(e["end_line"])))  # type: ignore[arg-type]
@@ -277,13 +282,7 @@ def inactive_ranges(doc: CudaDocument, active: Sequence[int]) -> list[dict[str, 
     for n, kind in enumerate([*kinds, None]):
         if kind is None:
             if region and not any(line in seen for line in region):
-                start = doc.index.position_to_byte(Position(region[0], 0))
-                enclosing = [f for f in doc.functions if f.start_byte <= start < f.end_byte]
-                name = (
-                    _last_name(min(enclosing, key=lambda f: f.end_byte - f.start_byte).name)
-                    if enclosing
-                    else ""
-                )
+                name = _enclosing_name(doc, region[0])
                 out.append(
                     {"line": region[0], "end_line": region[-1], "function": name, "reason": REASON_INACTIVE}
                 )
@@ -291,6 +290,78 @@ def inactive_ranges(doc: CudaDocument, active: Sequence[int]) -> list[dict[str, 
         elif kind:
             region.append(n)
     return out
+
+
+REASON_INACTIVE_NVRTC = (
+    "preprocessor branch not compiled: its #if condition is false for NVRTC's compile of the device code"
+)
+_PROBE = "dice_active_branch_"
+_PROBE_SEEN = re.compile(r"#warning directive: " + _PROBE + r"(\d+)")
+
+
+@dataclass(frozen=True)
+class BranchProbe:
+    """The device code with a ``#warning`` before the first code line of every ``#if``/``#else`` branch
+    (``source``, ``line_map`` into the original file as :class:`DeviceCode`'s), and each probe's branch:
+    ``regions[k]`` = the 0-based device-source lines of code branch ``k`` holds. NVRTC prints a
+    ``#warning`` only from a branch it compiles, so the probes missing from its log name the branches it
+    skipped (:meth:`inactive`)."""
+
+    source: str
+    line_map: list[int]
+    regions: list[list[int]]
+
+    def inactive(self, log: str, device: DeviceCode, doc: CudaDocument) -> list[dict[str, object]]:
+        """``unchecked`` entries (original lines) for the branches whose probe ``log`` does not show: not
+        compiled, or not known to be (a compile that stopped early, a suppressed warning)."""
+        seen = {int(m) for m in _PROBE_SEEN.findall(log)}
+        out: list[dict[str, object]] = []
+        for k, region in enumerate(self.regions):
+            if k in seen:
+                continue
+            first, last = device.line_map[region[0]], device.line_map[region[-1]]
+            name = _enclosing_name(doc, first)
+            out.append({"line": first, "end_line": last, "function": name, "reason": REASON_INACTIVE_NVRTC})
+        return out
+
+
+def branch_probe(device: DeviceCode) -> BranchProbe | None:
+    """The probe of ``device``'s conditional branches that hold code (nested in at least one ``#if``), or
+    None when there is none (then every line NVRTC was given was compiled, and no probe is needed)."""
+    lines = device.source.splitlines(keepends=True)
+    kinds = _code_lines([line.rstrip("\r\n") for line in lines])
+    regions: list[list[int]] = []
+    depth = 0
+    current: list[int] = []
+    for n, kind in enumerate([*kinds, None]):
+        if kind is None:
+            if current and depth > 0:
+                regions.append(current)
+            current = []
+            if n < len(kinds):
+                word = _CONDITIONAL.match(lines[n].strip()).group(1)  # type: ignore[union-attr]
+                depth += 1 if word in ("if", "ifdef", "ifndef") else -1 if word == "endif" else 0
+        elif kind:
+            current.append(n)
+    if not regions:
+        return None
+    starts = {region[0]: k for k, region in enumerate(regions)}
+    out: list[str] = []
+    line_map: list[int] = []
+    for n, line in enumerate(lines):
+        if n in starts:
+            out.append(f"#warning {_PROBE}{starts[n]}\n")
+            line_map.append(device.line_map[n])
+        out.append(line if line.endswith("\n") else line + "\n")
+        line_map.append(device.line_map[n])
+    return BranchProbe("".join(out), line_map, regions)
+
+
+def _enclosing_name(doc: CudaDocument, line: int) -> str:
+    """The last name of the innermost function around 0-based ``line`` ("" outside functions)."""
+    start = doc.index.position_to_byte(Position(line, 0))
+    enclosing = [f for f in doc.functions if f.start_byte <= start < f.end_byte]
+    return _last_name(min(enclosing, key=lambda f: f.end_byte - f.start_byte).name) if enclosing else ""
 
 
 def launch_name_expressions(doc: CudaDocument) -> list[str]:

@@ -129,3 +129,59 @@ def test_preprocessor_branches_that_never_reached_the_compiler() -> None:
     assert inactive_ranges(parse_document("__global__ void k() {}\n"), []) == []  # no #if: nothing to say
     got = unchecked_ranges(doc, nvcc_compiled=True, active=[0, 1, 6, 8])
     assert [(e["line"], e["function"]) for e in got] == [(3, "f"), (14, "")]
+
+
+def test_branch_probe_marks_each_conditional_branch_with_code() -> None:
+    """One ``#warning`` before the first code line of each nested branch; the lines after it keep their
+    original numbers (the probe's own line maps to the line it precedes); top-level code gets none."""
+    from dice.validator.unchecked import REASON_INACTIVE_NVRTC, branch_probe
+
+    src = (
+        "__device__ int f(int a) {\n"  # 0
+        "#if defined(FOO)\n"  # 1
+        "    return a + 1;\n"  # 2
+        "#elif BAR\n"  # 3
+        "    // nothing but a comment\n"  # 4
+        "#else\n"  # 5
+        "    return a;\n"  # 6
+        "#endif\n"  # 7
+        "}\n"  # 8
+    )
+    device = extract_device_code(src)
+    probe = branch_probe(device)
+    assert probe is not None and probe.regions == [[2], [6]]
+    lines = probe.source.splitlines()
+    assert lines[2] == "#warning dice_active_branch_0" and lines[3] == "    return a + 1;"
+    assert lines[7] == "#warning dice_active_branch_1" and lines[8] == "    return a;"
+    assert probe.line_map[2] == probe.line_map[3] == 2 and probe.line_map[8] == 6
+    doc = parse_document(src)
+    log = "k.cu(7): warning #1105-D: #warning directive: dice_active_branch_1\n"
+    assert probe.inactive(log, device, doc) == [
+        {"line": 2, "end_line": 2, "function": "f", "reason": REASON_INACTIVE_NVRTC}
+    ]
+    # a probe missing from the log (the compile stopped before it, a suppressed warning): not known checked
+    assert [e["line"] for e in probe.inactive("", device, doc)] == [2, 6]
+    assert branch_probe(extract_device_code("__global__ void k() {}\n")) is None
+    assert branch_probe(extract_device_code("#ifndef X\n#define X\n#endif\n__global__ void k() {}\n")) is None
+
+
+def test_a_fill_in_a_branch_nvrtc_skipped_is_not_counted_as_compiled(cpu_pool) -> None:
+    """A file with no host code is decided by NVRTC alone; garbage in an ``#if`` branch it never compiled
+    used to come back "compiled" with nothing unchecked. The branch probe reports it, and the label of a fill
+    there says so; the branch that was compiled stays checked."""
+    text = (
+        "__device__ int f(int a) {\n"
+        "#if defined(DICE_NOT_DEFINED)\n"
+        "    return dice_garbage(a);\n"
+        "#else\n"
+        "    return a;\n"
+        "#endif\n"
+        "}\n"
+        "__global__ void k(int* x) { x[0] = f(x[0]); }\n"
+    )
+    v = cpu_pool.validate_cu(text, filename="branches.cu")
+    assert v.status == "compiled", v.log
+    assert [(u["line"], u["end_line"], u["function"]) for u in v.unchecked] == [(2, 2, "f")]
+    assert verdict_label(mark_unchecked(v, 2)).startswith("not checked (preprocessor branch not compiled)")
+    assert mark_unchecked(v, 4) is v
+    assert "dice_active_branch" not in v.log  # the probe's warnings stay out of the user's log
