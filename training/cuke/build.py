@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -125,15 +126,35 @@ def read_sources(cfg: BuildConfig, rep: Report) -> _Read:
     return got
 
 
+_LICENCE_NAMES = re.compile(
+    r"\b(MIT|Apache[- ]2\.0|BSD-[23]-Clause|MPL-2\.0|LGPL-[23]\.[01]|GPL-[23]\.0|ISC|Unlicense"
+    r"|CC-BY-[\w.-]+)\b"
+)
+
+
 def _folder_licence(path: Path) -> str | None:
-    """The licence named by a data folder's SOURCE.md (its first line mentioning one)."""
+    """The licence named by a data folder's SOURCE.md: the bold name (or a known licence name) of its
+    "Licence" section, else its first prose line mentioning one (a table row listing a ``LICENSE`` file is
+    not a licence)."""
     folder = path if path.is_dir() else path.parent
     card = folder / "SOURCE.md"
     if not card.is_file():
         return None
-    for line in card.read_text(encoding="utf-8", errors="replace").splitlines():
+    lines = card.read_text(encoding="utf-8", errors="replace").splitlines()
+    heading = next(
+        (i for i, line in enumerate(lines) if line.lstrip().startswith("#") and "licen" in line.lower()), None
+    )
+    if heading is not None:
+        for line in lines[heading + 1 :]:
+            if line.lstrip().startswith("#"):
+                break
+            bold = re.search(r"\*\*([^*]{1,60})\*\*", line)
+            named = bold.group(1) if bold else (m.group(1) if (m := _LICENCE_NAMES.search(line)) else None)
+            if named:
+                return named.strip()
+    for line in lines:
         low = line.lower()
-        if "licen" in low and len(line) < 300:
+        if "licen" in low and len(line) < 300 and not line.lstrip().startswith("|"):
             return line.strip("#-* ").strip()[:120]
     return None
 

@@ -364,3 +364,24 @@ def test_a_teacher_is_asked_even_when_no_source_pair_reaches_validation(tmp_path
     # one kernel for every block: a sample per block and shape, none a near duplicate of another
     assert rep.funnel["pairs"] == 0 and rep.funnel["near_duplicates"] == 0
     assert rep.funnel["kept"] == len(_read(out / "sft.jsonl")) == blocks
+
+
+def test_the_card_names_a_source_folders_licence_not_a_table_row(tmp_path):
+    """A SOURCE.md lists its files in a table (a ``LICENSE`` row among them) before its "Licence" section:
+    the card's licence is the section's bold name, not the table row."""
+    from training.cuke.build import _folder_licence
+
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    (folder / "SOURCE.md").write_text(
+        "# Some pairs\n\n| file | upstream | bytes |\n| --- | --- | --- |\n"
+        "| `LICENSE` | `LICENSE` (same blob as on `main`) | 1143 |\n\n"
+        "## Licence\n\nThe tree contains the repository's `LICENSE` unchanged: **MIT**, \"Copyright ...\"\n"
+    )
+    assert _folder_licence(folder / "data.jsonl") == "MIT"
+    (folder / "SOURCE.md").write_text("## Licence\n\nApache-2.0 (see LICENSE).\n")
+    assert _folder_licence(folder) == "Apache-2.0"
+    (folder / "SOURCE.md").write_text("| `LICENSE` | x |\nReleased under the licence of its authors.\n")
+    assert _folder_licence(folder) == "Released under the licence of its authors."
+    (folder / "SOURCE.md").unlink()
+    assert _folder_licence(folder) is None
