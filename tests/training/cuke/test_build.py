@@ -376,7 +376,7 @@ def test_the_card_names_a_source_folders_licence_not_a_table_row(tmp_path):
     (folder / "SOURCE.md").write_text(
         "# Some pairs\n\n| file | upstream | bytes |\n| --- | --- | --- |\n"
         "| `LICENSE` | `LICENSE` (same blob as on `main`) | 1143 |\n\n"
-        "## Licence\n\nThe tree contains the repository's `LICENSE` unchanged: **MIT**, \"Copyright ...\"\n"
+        '## Licence\n\nThe tree contains the repository\'s `LICENSE` unchanged: **MIT**, "Copyright ..."\n'
     )
     assert _folder_licence(folder / "data.jsonl") == "MIT"
     (folder / "SOURCE.md").write_text("## Licence\n\nApache-2.0 (see LICENSE).\n")
