@@ -104,13 +104,13 @@ def suffix_head(suffix: str) -> str:
     return ""
 
 
-def _closed_find(generated: str, line: str) -> int:
-    """The first place ``line`` occurs in ``generated`` where the text before it leaves no bracket open
-    (-1: none). Mid-line, a suffix often starts with a closer (``while (<mask>)``: the suffix ``)``), and
-    the first ``)`` of a fill like ``f(a) > 0`` is the fill's own, not the suffix's."""
+def closed_find(generated: str, line: str, start: int = 0) -> int:
+    """The first place from ``start`` where ``line`` occurs in ``generated`` and the text before it leaves
+    no bracket open (-1: none). Mid-line, a suffix often starts with a closer (``while (<mask>)``: the suffix
+    ``)``), and the first ``)`` of a fill like ``f(a) > 0`` is the fill's own, not the suffix's."""
     from engine.shape import open_brackets
 
-    at = generated.find(line)
+    at = generated.find(line, start)
     while at >= 0:
         if open_brackets(generated[:at]) == 0:
             return at
@@ -141,9 +141,9 @@ def extract_middle(generated: str, suffix: str, *, starts_line: bool = True) -> 
             ]
             cut = next((p for p in starts if generated.startswith(line, p)), -1)
         else:
-            cut = _closed_find(generated, line)
+            cut = closed_find(generated, line)
         if cut < 0 and not anchored:
-            cut = _closed_find(generated, line.strip())
+            cut = closed_find(generated, line.strip())
             if cut >= 0:
                 line_start = generated.rfind("\n", 0, cut) + 1
                 # Indentation before the suffix's first line belongs to the suffix, not the middle.

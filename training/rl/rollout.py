@@ -137,17 +137,16 @@ class SuffixWatch:
 
     def feed(self, piece: str) -> bool:
         """Append ``piece``; True once the middle is complete."""
-        from engine.shape import open_brackets
+        from engine.prompts import closed_find
 
         old = len(self.buffer)
         self.text += piece
         self.buffer += piece
         for needle in self.needles:
-            at = self.buffer.find(needle, max(0, old - len(needle) + 1))
-            while at >= 0:
-                if needle != self.mid_line or open_brackets(self.buffer[:at]) == 0:
-                    return True
-                at = self.buffer.find(needle, at + 1)
+            start = max(0, old - len(needle) + 1)
+            find = closed_find if needle == self.mid_line else str.find
+            if find(self.buffer, needle, start) >= 0:
+                return True
         if self.plan.shape is not None and len(self.text) <= SHAPE_WATCH_CHARS:
             return self.plan.reached_end(self.text)
         return False
