@@ -54,6 +54,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="stop validating after this long and write what is done (the card says partial); "
         "the same command again resumes from OUT/cache",
     )
+    b.add_argument(
+        "--timing-cutoff",
+        type=float,
+        default=None,
+        metavar="F",
+        help="end a candidate's timing after its 10 pilot rounds when it is below F times eager PyTorch "
+        "(default: half of --min-speedup; 0: time every candidate in full); never keeps a pair",
+    )
+    b.add_argument(
+        "--order",
+        choices=("claimed", "file"),
+        default="claimed",
+        help="validation order: pairs whose source claims >= --min-speedup first (default), or as read",
+    )
     b.add_argument("--cu-holes-per-file", type=int, default=3)
     b.set_defaults(func=run_build)
 
@@ -72,6 +86,8 @@ def run_build(args: argparse.Namespace) -> int:
         raise CliError("--min-speedup must be > 0")
     if args.shape_variants < 0:
         raise CliError("--shape-variants must be >= 0")
+    if args.timing_cutoff is not None and not 0 <= args.timing_cutoff <= args.min_speedup:
+        raise CliError("--timing-cutoff must be between 0 and --min-speedup")
     if args.time_budget is not None and args.time_budget <= 0:
         raise CliError("--time-budget must be > 0 seconds")
     if not 0 <= args.holdout_fraction < 1:
@@ -98,6 +114,8 @@ def run_build(args: argparse.Namespace) -> int:
         cu_holes_per_file=args.cu_holes_per_file,
         shape_variants=args.shape_variants,
         time_budget_s=args.time_budget,
+        timing_cutoff=args.timing_cutoff,
+        order=args.order,
         command="dice " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["cuke"] else "dice cuke build",
     )
     try:

@@ -28,9 +28,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from dice.validator.verdict import Verdict, error_verdict
+from dice.validator.verdict import FLAG_TIMING_STOPPED, GPU_LOCK_LINE, Verdict, error_verdict
 
 _BUILD_ITEM = re.compile(r"\((cached|built) [0-9.]+ s\)")
+_GPU_LOCK = re.compile(re.escape(GPU_LOCK_LINE) + r" waited ([0-9.]+) s, held ([0-9.]+) s")
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,14 @@ class BatchTask:
     timing: bool = True
     deadline_s: float | None = None
     key: Any = None
+    stop_below: float | None = None  # the pool's early stop of timing (a dataset build's cut-off)
+
+
+def gpu_lock_seconds(log: str) -> tuple[float, float]:
+    """(seconds waited for, seconds held) of the GPU's lock, from a verdict log's ``gpu lock: waited 1.20 s,
+    held 3.40 s`` line (:mod:`dice.validator.kernelbench`); (0, 0) without one."""
+    m = _GPU_LOCK.search(log or "")
+    return (float(m.group(1)), float(m.group(2))) if m else (0.0, 0.0)
 
 
 def count_builds(log: str) -> tuple[int, int]:
@@ -77,6 +86,9 @@ class BatchStats:
     prebuild_candidates: int = 0
     prebuild_failures: int = 0
     prebuild_seconds: float = 0.0
+    gpu_held_s: float = 0.0  # the verdict logs' "gpu lock: ... held X s" (one GPU's lock is one serial run)
+    gpu_wait_s: float = 0.0
+    timing_stopped_early: int = 0  # verdicts whose timing ended after the pilot (BatchTask.stop_below)
     _finish_times: deque[float] = field(default_factory=deque, repr=False)
 
     def start(self, now: float | None = None) -> None:
@@ -91,6 +103,10 @@ class BatchStats:
         built, cached = count_builds(verdict.log)
         self.builds_built += built
         self.builds_cached += cached
+        waited, held = gpu_lock_seconds(verdict.log)
+        self.gpu_wait_s += waited
+        self.gpu_held_s += held
+        self.timing_stopped_early += FLAG_TIMING_STOPPED in (verdict.flags or [])
         self._finish_times.append(now)
         while self._finish_times and self._finish_times[0] < now - self.window_s:
             self._finish_times.popleft()
@@ -130,6 +146,9 @@ class BatchStats:
             "prebuild_candidates": self.prebuild_candidates,
             "prebuild_failures": self.prebuild_failures,
             "prebuild_seconds": round(self.prebuild_seconds, 1),
+            "gpu_held_s": round(self.gpu_held_s, 1),
+            "gpu_wait_s": round(self.gpu_wait_s, 1),
+            "timing_stopped_early": self.timing_stopped_early,
         }
 
     def describe(self, now: float | None = None) -> str:
@@ -145,6 +164,10 @@ class BatchStats:
                 f"; prebuilds: {self.prebuild_calls} ({self.prebuild_candidates} candidates, "
                 f"{self.prebuild_seconds:.0f} s, {self.prebuild_failures} failed)"
             )
+        if self.gpu_held_s:
+            text += f"; GPU held {self.gpu_held_s:.0f} s"
+        if self.timing_stopped_early:
+            text += f"; timing stopped early {self.timing_stopped_early}"
         if self.deadline_timeouts:
             text += f"; {self.deadline_timeouts} past their deadline"
         if self.dropped:
@@ -306,8 +329,9 @@ class _Batch:
     def _submit(self, entry: _Entry) -> None:
         task = entry.task
         try:
+            extra = {} if task.stop_below is None else {"stop_below": task.stop_below}
             entry.future = self.pool.submit_kernelbench(
-                task.ref_src, task.cand_src, strict=task.strict, timing=task.timing
+                task.ref_src, task.cand_src, strict=task.strict, timing=task.timing, **extra
             )
         except ValueError as exc:  # InvalidReference
             entry.ready = error_verdict("runtime_error", f"the reference is not a KernelBench problem: {exc}")

@@ -423,6 +423,7 @@ def runner_rejection(claim: Any) -> Verdict:
 
 
 BASELINE_ROUNDS = 20
+PILOT_TRIALS = 10  # timed rounds before a build's early stop may end timing (time_rounds' stop_below)
 DRAW_BUDGET_S = 20.0  # fresh input sets for every timing round while drawing them all takes at most this
 MAX_KEPT_SETS = 3  # above it: this many sets, rotated (a set takes too long to draw for every round)
 
@@ -497,20 +498,33 @@ def time_rounds(
     *,
     warmup: int,
     trials: int,
+    stop_below: float | None = None,
+    pilot: int = PILOT_TRIALS,
 ) -> tuple[dict[str, float], dict[str, float]] | Mismatch:
     """The reference and the candidate timed round by round on this process's clock, on the same input set
     (:class:`Draws`), L2 flushed before each: the reference here between device synchronisations, the
     candidate from "go" (``run``) to "done", its outputs checked against the reference's after each (a
     runner that says done before its work finished reads back poison). Minus the median empty
     synchronisation (reference) and the median ``noop`` round trip (candidate). ``(reference, candidate)``
-    summaries, or the first round whose outputs were wrong."""
+    summaries (each with ``trials``, the rounds timed), or the first round whose outputs were wrong.
+
+    ``stop_below`` (a dataset build's cut-off, e.g. half its threshold): after ``pilot`` timed rounds, a
+    candidate whose speedup so far (baselines measured then) is below it stops there, its summaries marked
+    ``stopped_early``. A build that keeps only kernels at 2x needs no 100-round mean of one at 0.3x, and the
+    GPU is the validator's one serial resource (benchmarks/results/cuke_h100.md: timing took 212 of 370 s)."""
     from dice.validator.gpu import compare_outputs, flatten
 
     device = session.device
     ref_times: list[float] = []
     new_times: list[float] = []
     slots: list[Any] = []
+    check_at = warmup + max(1, pilot) if stop_below is not None and 0 < pilot < trials else None
     for i in range(warmup + trials):
+        if i == check_at:
+            ref_s = summary(ref_times, _sync_baseline(device, flush))
+            new_s = summary(new_times, _noop_baseline(session, slots, flush))
+            if ref_s["mean_ms"] / new_s["mean_ms"] < stop_below:
+                return _marked(ref_s, len(ref_times), True), _marked(new_s, len(new_times), True)
         args = draws(i)
         session.put_inputs(args)  # before the reference, which may change its inputs in place
         flush()
@@ -534,16 +548,31 @@ def time_rounds(
             ref_times.append(ref_ms)
             new_times.append(new_ms)
         del args, want, got  # before the next set is drawn: multi-GB problems hold one at a time
-    ref_base = host_times(lambda i: None, device, BASELINE_ROUNDS, lambda i: flush())
-    new_base = []
+    ref_s = summary(ref_times, _sync_baseline(device, flush))
+    new_s = summary(new_times, _noop_baseline(session, slots, flush))
+    return _marked(ref_s, len(ref_times), False), _marked(new_s, len(new_times), False)
+
+
+def _marked(s: dict[str, float], trials: int, stopped: bool) -> dict[str, Any]:
+    return {**s, "trials": trials, "stopped_early": stopped}
+
+
+def _sync_baseline(device: Any, flush: Any) -> list[float]:
+    """Empty synchronisations, L2 flushed before each: what the reference's clock adds to every round."""
+    return host_times(lambda i: None, device, BASELINE_ROUNDS, lambda i: flush())
+
+
+def _noop_baseline(session: Session, slots: list[Any], flush: Any) -> list[float]:
+    """Empty ``noop`` round trips: what the candidate's go/done clock adds to every round."""
+    base = []
     for _ in range(BASELINE_ROUNDS):
         poison(slots)
         flush()
-        sync(device)
+        sync(session.device)
         t0 = time.perf_counter()
         session.runner.request("noop", "done")
-        new_base.append((time.perf_counter() - t0) * 1e3)
-    return summary(ref_times, ref_base), summary(new_times, new_base)
+        base.append((time.perf_counter() - t0) * 1e3)
+    return base
 
 
 def _is_tensor(x: Any) -> bool:

@@ -66,6 +66,8 @@ from dice.validator.runtime_guards import (
 from dice.validator.verdict import (
     FLAG_CUSTOM_KERNELS_MINOR,
     FLAG_LAUNCH_NOT_VERIFIED,
+    FLAG_TIMING_STOPPED,
+    GPU_LOCK_LINE,
     Verdict,
     speedup_flags,
 )
@@ -85,6 +87,8 @@ def run_kernelbench(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, 
     cand_src: str = task["cand_src"]
     strict = bool(task.get("strict", False))
     timing = bool(task.get("timing", True))
+    stop_below = task.get("stop_below")
+    stop_below = float(stop_below) if isinstance(stop_below, (int, float)) and stop_below > 0 else None
     ctx.phase("build")
     check_reference(ref_src)
     try:
@@ -106,12 +110,17 @@ def run_kernelbench(ctx: WorkerContext, task: dict[str, Any]) -> tuple[Verdict, 
     not_run = task.get("not_run") or None  # an untrusted workspace: neither reference nor candidate runs
     if not (ctx.gpu or ctx.emulated) or not_run is not None:
         return static_compile_check(info, strict, not_run=not_run), False
-    return _run_judged(ctx, ref_src, cand_src, strict, timing)
+    return _run_judged(ctx, ref_src, cand_src, strict, timing, stop_below)
 
 
 # ------------------------------------------------------------------------------------------------- GPU run
 def _run_judged(
-    ctx: WorkerContext, ref_src: str, cand_src: str, strict: bool, timing: bool
+    ctx: WorkerContext,
+    ref_src: str,
+    cand_src: str,
+    strict: bool,
+    timing: bool,
+    stop_below: float | None = None,
 ) -> tuple[Verdict, bool]:
     """The run with the candidate in a runner of its own (:mod:`dice.validator.judge`): (verdict, restart
     this worker). A candidate's crash, hang or CUDA fault costs its runner, not this process."""
@@ -170,14 +179,20 @@ def _run_judged(
         )
         if verdict is not None:
             return verdict, False
+        waited = time.perf_counter()
         ctx.acquire_gpu()
+        held = time.perf_counter()
         with torch.no_grad():
             names = [str(n) for n in ready.get("kernel_names") or []]
-            verdict = _check_and_time(session, model, ref, device, strict, timing, names, ctx.device_name)
+            verdict = _check_and_time(
+                session, model, ref, device, strict, timing, names, ctx.device_name, stop_below
+            )
         replaced = session.runner.request("check", "check").get("replaced") or []
         patched = first_rejection(Replaced("the candidate", [str(n) for n in replaced]))
         verdict = patched if patched is not None else verdict
-        verdict.log = f"{build_log}\n{verdict.log}".strip()
+        # the GPU is the pool's one serial resource: BatchStats sums this line (gpu_seconds)
+        gpu_line = f"{GPU_LOCK_LINE} waited {held - waited:.2f} s, held {time.perf_counter() - held:.2f} s"
+        verdict.log = f"{build_log}\n{gpu_line}\n{verdict.log}".strip()
         return verdict, False
     except (RunnerFailed, ProtocolViolation) as exc:
         return runner_verdict(exc, build_log), False
@@ -209,8 +224,10 @@ def _check_and_time(
     timing: bool,
     kernel_names: list[str],
     device_name: str | None,
+    stop_below: float | None = None,
 ) -> Verdict:
-    """Correctness trials, the kernel-launch check, then timing; the first guard that fires decides."""
+    """Correctness trials, the kernel-launch check, then timing (ended after its pilot rounds for a speedup
+    below ``stop_below``, when given); the first guard that fires decides."""
     atol, rtol = (STRICT_ATOL, STRICT_RTOL) if strict else (ATOL, RTOL)
     failed, last_inputs, worst, drawn = _correctness_trials(session, model, ref, device, atol, rtol)
     if failed is not None:
@@ -239,7 +256,7 @@ def _check_and_time(
         )
     else:
         verdict = _timed_verdict(
-            session, model, ref, device, input_bytes, (atol, rtol), worst, flags, log, device_name
+            session, model, ref, device, input_bytes, (atol, rtol), worst, flags, log, device_name, stop_below
         )
     if verdict.status != "correct":
         return verdict
@@ -419,9 +436,11 @@ def _timed_verdict(
     flags: list[str],
     log: list[str],
     device_name: str | None,
+    stop_below: float | None = None,
 ) -> Verdict:
     """Time the reference here and the candidate from the judge (go/done round trips, outputs checked after
-    each), round by round on the same fresh input set (:class:`Draws`); the verdict with the speedup."""
+    each), round by round on the same fresh input set (:class:`Draws`); the verdict with the speedup.
+    ``stop_below``: the early stop of :func:`dice.validator.judge.time_rounds` (flagged, and said)."""
     rounds = WARMUP + TIMING_TRIALS
     # drawn on the device, whatever the size: every round's set, on the CPU, would take minutes (kbsetup)
     draws = Draws(
@@ -430,7 +449,14 @@ def _timed_verdict(
         max_kept=MAX_KEPT_SETS if _fits(device, input_bytes) else 1,
     )
     timed = time_rounds(
-        session, model, draws, l2_flusher(device), tolerance, warmup=WARMUP, trials=TIMING_TRIALS
+        session,
+        model,
+        draws,
+        l2_flusher(device),
+        tolerance,
+        warmup=WARMUP,
+        trials=TIMING_TRIALS,
+        stop_below=stop_below,
     )
     draws.close()
     if isinstance(timed, Mismatch) and timed.unwritten:
@@ -459,12 +485,17 @@ def _timed_verdict(
         f"{new_t['median_ms']:.5f}, std {new_t['std_ms']:.5f} (an empty round trip, "
         f"{new_t['baseline_ms']:.5f} ms, subtracted); outputs checked after every round"
     )
-    log.append(
-        f"device: {device_name}; {WARMUP} warm-up, {TIMING_TRIALS} trials, L2 flushed; {draws.describe}"
-    )
+    trials = int(new_t.get("trials", TIMING_TRIALS))
+    log.append(f"device: {device_name}; {WARMUP} warm-up, {trials} trials, L2 flushed; {draws.describe}")
     speedup = ref_t["mean_ms"] / new_t["mean_ms"] if new_t["mean_ms"] > 0 else None
     message = f"correct ({CORRECTNESS_TRIALS} trials, atol={tolerance[0]:g}); "
     message += f"{speedup:.2f}x vs PyTorch eager ({ref_t['mean_ms']:.4f} ms -> {new_t['mean_ms']:.4f} ms)"
+    if new_t.get("stopped_early"):
+        flags.append(FLAG_TIMING_STOPPED)
+        message += (
+            f"; timing stopped after {trials} of {TIMING_TRIALS} trials (below the {stop_below:g}x cut-off "
+            f"asked for; outputs checked in the {WARMUP + trials} rounds run)"
+        )
     extra_flags, note = speedup_flags(speedup)
     flags += extra_flags
     message += note

@@ -391,9 +391,12 @@ class ValidatorPool:
         strict: bool = False,
         timing: bool = True,
         not_run: str | None = None,
+        stop_below: float | None = None,
     ) -> concurrent.futures.Future[Verdict]:
         """Validate a ``ModelNew`` candidate against a KernelBench reference. ``not_run``: why neither may be
         run (an untrusted workspace): only the static checks of a machine without a GPU, with this reason.
+        ``stop_below``: a dataset build's cut-off; timing ends after its pilot rounds for a candidate whose
+        speedup so far is below it (the verdict is flagged ``timing_stopped_early``).
 
         Raises ``InvalidReference`` (a ``ValueError``) at once if the reference is not a KernelBench problem.
         """
@@ -406,6 +409,7 @@ class ValidatorPool:
                 "strict": bool(strict),
                 "timing": bool(timing),
                 "not_run": not_run or None,
+                "stop_below": float(stop_below) if stop_below else None,
             }
         )
 

@@ -25,6 +25,11 @@ FLAG_CUSTOM_KERNELS_MINOR = "custom_kernels_minor"
 FLAG_LAUNCH_NOT_VERIFIED = "kernel_launch_not_verified"
 FLAG_NOT_RUN = "not_run"
 FLAG_CACHED = "cached_verdict"
+# Timing ended after the pilot rounds: the speedup so far was below the cut-off a dataset build asked for
+# (``stop_below``); the speedup is the pilot's mean, the outputs were checked in the rounds that ran.
+FLAG_TIMING_STOPPED = "timing_stopped_early"
+# A GPU run's log line of the time it waited for and held the GPU's lock (batch.gpu_lock_seconds reads it).
+GPU_LOCK_LINE = "gpu lock:"
 # The workspace is not trusted: nothing from it (dice-spec, KernelBench reference or candidate) was run.
 FLAG_NOT_TRUSTED = "workspace_not_trusted"
 # Set by the assistant (mark_unchecked) on a fill that lies in code no compiler type-checked.

@@ -108,12 +108,18 @@ def judge(emulated_env: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 def judged(
-    judge: EmulatedJudge, cand_src: str, *, ref: str = RELU_REF, strict: bool = False, timing: bool = True
+    judge: EmulatedJudge,
+    cand_src: str,
+    *,
+    ref: str = RELU_REF,
+    strict: bool = False,
+    timing: bool = True,
+    stop_below: float | None = None,
 ):
     """The verdict of the judged run (static guards not applied: what reaches the runner)."""
     from dice.validator import kernelbench
 
-    verdict, _restart = kernelbench._run_judged(judge, ref, cand_src, strict, timing)
+    verdict, _restart = kernelbench._run_judged(judge, ref, cand_src, strict, timing, stop_below)
     return verdict
 
 

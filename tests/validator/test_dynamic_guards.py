@@ -12,6 +12,8 @@ import textwrap
 
 import pytest
 
+from dice.validator.batch import BatchStats, gpu_lock_seconds
+
 from .conftest import judged
 
 HEAD = "import threading, time\nimport torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
@@ -57,6 +59,32 @@ def test_honest_candidate_is_correct_and_timed(judge) -> None:
     assert v.ref_ms > 0 and v.new_ms > 0 and v.speedup == pytest.approx(v.ref_ms / v.new_ms)
     assert "5 trials" in v.message and "reference (eager, live, host clock)" in v.log
     assert "timed by the judge, go/done" in v.log and "seeds drawn for this run" in v.log
+
+    assert "timing_stopped_early" not in v.flags and "100 trials, L2 flushed" in v.log
+    waited, held = gpu_lock_seconds(v.log)
+    assert "gpu lock: waited" in v.log and held > 0 and waited >= 0
+
+
+SLOW = model("def forward(self, x):\n    time.sleep(0.003)\n    return torch.clamp_min(x, 0.0)\n")
+
+
+def test_a_build_cut_off_ends_timing_after_the_pilot_and_says_so(judge) -> None:
+    # a dataset build keeping kernels at 2x asks to stop below 1x: 10 timed rounds, not 100, and the verdict
+    # (still correct: every round's outputs were checked) carries the flag and the count in its message
+    v = judged(judge, SLOW, stop_below=1.0)
+    assert v.status == "correct" and v.speedup is not None and v.speedup < 1.0, v.message
+    assert "timing_stopped_early" in v.flags
+    assert "timing stopped after 10 of 100 trials (below the 1x cut-off" in v.message
+    assert "10 trials, L2 flushed" in v.log
+    stats = BatchStats()
+    stats.record(v)
+    assert stats.timing_stopped_early == 1 and stats.to_json()["timing_stopped_early"] == 1
+
+
+def test_a_candidate_above_the_cut_off_is_timed_in_full(judge) -> None:
+    v = judged(judge, SLOW, stop_below=1e-6)
+    assert v.status == "correct" and "timing_stopped_early" not in v.flags, v.message
+    assert "100 trials, L2 flushed" in v.log and "stopped" not in v.message
 
 
 @pytest.mark.parametrize(

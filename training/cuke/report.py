@@ -237,7 +237,14 @@ def write_card(rep: Report, path: Path) -> None:
             f"- validation ({phase}): {st.get('finished', 0)} verdicts in {st.get('elapsed_s', 0)} s "
             f"({st.get('per_minute', 0)}/min), {st.get('cached', 0)} from the cache; extensions built "
             f"{st.get('builds_built', 0)}, cached {st.get('builds_cached', 0)}"
+            + (f"; GPU lock held {st['gpu_held_s']} s" if st.get("gpu_held_s") else "")
         )
+        if st.get("timing_stopped_early"):
+            lines.append(
+                f"  - {st['timing_stopped_early']} correct candidates were timed on their pilot rounds only: "
+                f"below the {rep.settings.get('timing_cutoff')}x cut-off, so never kept (the speedup shown "
+                "for them is the pilot's)"
+            )
     lines += ["", "## Levels of the kept pairs", ""]
     lines += [f"- level {k}: {v}" for k, v in d["levels"].items()] or ["- none"]
     if rep.contamination:

@@ -9,7 +9,9 @@ pool checks what a CPU can (Python syntax, the static guards, the device code wi
 
 Verdicts are cached in ``<out>/cache/verdicts.jsonl`` (one line per candidate, appended and flushed as each
 finishes, keyed by the reference, the candidate, the mode and the tolerance), so a killed build resumes
-where it stopped and a rebuild with another threshold re-validates nothing.
+where it stopped and a rebuild with another threshold re-validates nothing -- except a verdict whose timing
+stopped early (``stop_below``): it serves a later build only when its pilot speedup is below that build's
+cut-off too (the same run would have stopped there), else the candidate is timed again.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dice.validator.verdict import FLAG_TIMING_STOPPED
 from training.cuke.records import Pair, content_hash
 
 MODES = ("gpu", "compile")
@@ -42,15 +45,27 @@ class Checked:
     new_ms: float | None
     guard: str | None  # the guard that rejected it (status "rejected")
     message: str
+    # the build's cut-off when timing ended after the pilot rounds (the speedup is the pilot's), else None
+    stopped_below: float | None = None
 
     def kept(self, min_speedup: float) -> bool:
         if self.mode == "compile":
             return self.status == "compiled"
-        return self.status == "correct" and self.speedup is not None and self.speedup >= min_speedup
+        # a kept pair was timed in full: a pilot's speedup (stopped_below) never keeps one
+        fast = self.speedup is not None and self.speedup >= min_speedup and self.stopped_below is None
+        return self.status == "correct" and fast
 
 
 def cache_key(pair: Pair, mode: str, strict: bool) -> str:
     return content_hash(pair.pytorch_code, pair.cuda_code, mode, "strict" if strict else "1e-2")
+
+
+def reusable(hit: Checked, stop_below: float | None) -> bool:
+    """Whether a cached verdict answers a build with this cut-off: a fully timed one always; one whose
+    timing stopped early only when its pilot speedup is below this cut-off as well."""
+    if hit.stopped_below is None:
+        return True
+    return stop_below is not None and hit.speedup is not None and hit.speedup < stop_below
 
 
 def guard_name(message: str) -> str | None:
@@ -123,13 +138,15 @@ def validate_pairs(
     budget_s: float | None = None,
     stats: Any = None,
     on_result: Callable[[Pair, Checked, bool], None] | None = None,
+    stop_below: float | None = None,
 ) -> Iterator[tuple[Pair, Checked]]:
     """Yield ``(pair, checked)`` for every pair with a candidate: cached verdicts first (``on_result``'s last
     argument says whether it came from the cache), then the rest through ``validate_many`` on ``pool`` as
     they finish. ``budget_s`` ends the uncached part after that many seconds (the pairs not answered by then
     get no verdict and no cache line: a rerun validates them); ``stats``, a ``BatchStats``, is filled.
     ``pool`` is a :class:`dice.validator.ValidatorPool` (or anything with its ``submit_kernelbench``; tests
-    stub it there). References the validator refuses get a ``runtime_error``."""
+    stub it there). References the validator refuses get a ``runtime_error``. ``stop_below``: the pool's early
+    stop of timing (a candidate below it after the pilot rounds is not timed further; flagged)."""
     from dice.validator import InvalidReference, Verdict
     from dice.validator.batch import BatchTask, validate_many
     from dice.validator.reference import check_reference
@@ -142,6 +159,8 @@ def validate_pairs(
             continue
         key = cache_key(pair, mode, strict)
         hit = cache.get(key)
+        if hit is not None and not reusable(hit, stop_below):
+            hit = None
         if hit is not None:
             hit = Checked(**{**asdict(hit), "pair_id": pair.id})
             if on_result:
@@ -168,12 +187,15 @@ def validate_pairs(
             timing=mode == "gpu",
             deadline_s=deadline_s,
             key=(p, key),
+            stop_below=stop_below if mode == "gpu" else None,
         )
         for p, key in todo
     )
     for task, verdict in validate_many(pool, tasks, budget_s=budget_s, stats=stats):
         pair, key = task.key
         row = _checked(pair, key, mode, verdict)
+        if FLAG_TIMING_STOPPED in (verdict.flags or []):
+            row.stopped_below = stop_below
         cache.put(row)
         if on_result:
             on_result(pair, row, False)

@@ -69,10 +69,13 @@ class StubPool:
     def __init__(self, fail: bool = False, hang: bool = False) -> None:
         self.calls, self.fail, self.hang = 0, fail, hang
 
-    def submit_kernelbench(self, ref_src, cand_src, *, strict=False, timing=True, not_run=None):
+    def submit_kernelbench(
+        self, ref_src, cand_src, *, strict=False, timing=True, not_run=None, stop_below=None
+    ):
         if self.fail:
             raise AssertionError("a resumed build validated again")
         self.calls += 1
+        self.stop_below = stop_below
         words = re.search(r"# STUB (.*)", cand_src).group(1).split()
         if words[0] == "slow":  # a validation that has not finished when the build's time budget ends
             if self.hang:
@@ -81,6 +84,8 @@ class StubPool:
         if words[0] == "correct":
             s = float(words[1])
             v = Verdict("correct", True, True, speedup=s, ref_ms=1.0, new_ms=1 / s)
+            if stop_below is not None and s < stop_below:  # the validator's early stop of timing
+                v.flags.append("timing_stopped_early")
         elif words[0] == "rejected":
             v = Verdict("rejected", True, False, message=f"rejected by guard {words[1]}: stub")
         else:
@@ -385,3 +390,67 @@ def test_the_card_names_a_source_folders_licence_not_a_table_row(tmp_path):
     assert _folder_licence(folder) == "Released under the licence of its authors."
     (folder / "SOURCE.md").unlink()
     assert _folder_licence(folder) is None
+
+
+def test_timing_stops_early_below_the_cut_off_and_the_cache_serves_only_builds_that_would_stop_too(tmp_path):
+    pairs = [_pair(0, "relu", "correct 0.4"), _pair(1, "abs", "correct 3.0", "fabsf(x[i])")]
+    src = tmp_path / "pairs.jsonl"
+    src.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    out = tmp_path / "out"
+
+    def run(pool, **kw):
+        cfg = BuildConfig(sources=[src], out=out, holdout_fraction=0, shape_variants=0, **kw)
+        return build(cfg, pool=pool, compile_check=lambda text: True)
+
+    pool = StubPool()
+    rep = run(pool)  # the default cut-off: half of --min-speedup 2.0
+    assert pool.stop_below == 1.0 and rep.settings["timing_cutoff"] == 1.0
+    assert rep.validation["pairs"]["timing_stopped_early"] == 1 and rep.funnel["kept"] == 1
+    rows = {r["pair_id"].split(":")[-1]: r for r in _read(out / "cache" / "verdicts.jsonl")}
+    assert rows["p0"]["stopped_below"] == 1.0 and rows["p1"]["stopped_below"] is None
+    assert "1 correct candidates were timed on their pilot rounds only" in (out / "card.md").read_text()
+    assert run(StubPool(fail=True), timing_cutoff=1.5).funnel["validated"] == 2  # 0.4 < 1.5: it would stop
+    full = StubPool()
+    run(full, timing_cutoff=0)  # 0: every candidate timed in full, so the pilot's verdict does not serve
+    assert full.calls == 1 and full.stop_below is None
+    # now fully timed: that verdict serves any later build
+    assert run(StubPool(fail=True), timing_cutoff=0.3).funnel["validated"] == 2
+    out2 = tmp_path / "out2"
+    out = out2
+    pool = StubPool()
+    run(pool, timing_cutoff=0.2)  # 0.4 >= 0.2: timed in full
+    assert pool.stop_below == 0.2 and "stopped_below" in _read(out2 / "cache" / "verdicts.jsonl")[0]
+    assert all(r["stopped_below"] is None for r in _read(out2 / "cache" / "verdicts.jsonl"))
+
+
+def test_a_pilot_speedup_never_keeps_a_pair():
+    from training.cuke.validate import Checked
+
+    row = Checked("k", "p", "gpu", "correct", True, True, 2.5, 1.0, 0.4, None, "", stopped_below=3.0)
+    assert not row.kept(2.0)
+    row.stopped_below = None
+    assert row.kept(2.0)
+
+
+def test_claimed_order_validates_the_likeliest_keepers_first():
+    from training.cuke.build import ordered
+    from training.cuke.records import Pair
+
+    def pair(i, claim=None):
+        return Pair(f"p{i}", "s", "ref", "new", meta={} if claim is None else {"claimed_speedup": claim})
+
+    pairs = [pair(0), pair(1, 1.2), pair(2, 3.0), pair(3), pair(4, 8.0), pair(5, float("nan")), pair(6, 0.5)]
+    assert [p.id for p in ordered(pairs, "claimed", 2.0)] == ["p4", "p2", "p0", "p3", "p5", "p1", "p6"]
+    assert [p.id for p in ordered(pairs, "file", 2.0)] == [p.id for p in pairs]
+    with pytest.raises(ValueError, match="unknown order"):
+        ordered(pairs, "random", 2.0)
+
+
+def test_a_stopped_verdict_serves_only_a_cut_off_it_is_below():
+    from training.cuke.validate import Checked, reusable
+
+    stopped = Checked("k", "p", "gpu", "correct", True, True, 0.4, 1.0, 2.5, None, "", stopped_below=1.0)
+    assert reusable(stopped, 1.0) and reusable(stopped, 0.5)
+    assert not reusable(stopped, 0.3) and not reusable(stopped, None)
+    full = Checked("k", "p", "gpu", "correct", True, True, 0.4, 1.0, 2.5, None, "")
+    assert reusable(full, None) and reusable(full, 0.3)
