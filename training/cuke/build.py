@@ -291,6 +291,7 @@ def _validate(
             budget_s=budget,
             stats=stats,
             stop_below=cfg.stop_below,
+            gpu=_gpu_name() if cfg.mode == "gpu" else None,
         ):
             answered.add(id(pair))
             src = pair.source
@@ -316,6 +317,16 @@ def _validate(
             rep.count("pending", pair.source)
     rep.validation[phase] = stats.to_json() | {"cached": len(answered) - stats.finished}
     return kept
+
+
+def _gpu_name() -> str | None:
+    """This machine's GPU as the validator's verdicts name it (None without one: a stubbed pool in tests)."""
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - no usable CUDA here: nothing to compare cached verdicts against
+        return None
 
 
 ORDERS = ("claimed", "file")

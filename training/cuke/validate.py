@@ -47,6 +47,7 @@ class Checked:
     message: str
     # the build's cut-off when timing ended after the pilot rounds (the speedup is the pilot's), else None
     stopped_below: float | None = None
+    gpu: str | None = None  # the GPU the candidate was run and timed on (a GPU verdict's log names it)
 
     def kept(self, min_speedup: float) -> bool:
         if self.mode == "compile":
@@ -60,9 +61,12 @@ def cache_key(pair: Pair, mode: str, strict: bool) -> str:
     return content_hash(pair.pytorch_code, pair.cuda_code, mode, "strict" if strict else "1e-2")
 
 
-def reusable(hit: Checked, stop_below: float | None) -> bool:
-    """Whether a cached verdict answers a build with this cut-off: a fully timed one always; one whose
-    timing stopped early only when its pilot speedup is below this cut-off as well."""
+def reusable(hit: Checked, stop_below: float | None, gpu: str | None = None) -> bool:
+    """Whether a cached verdict answers a build with this cut-off on this GPU (None: not known): one timed
+    on another GPU never; a fully timed one always; one whose timing stopped early only when its pilot
+    speedup is below this cut-off as well."""
+    if gpu is not None and hit.mode == "gpu" and hit.gpu != gpu:
+        return False
     if hit.stopped_below is None:
         return True
     return stop_below is not None and hit.speedup is not None and hit.speedup < stop_below
@@ -108,6 +112,15 @@ class VerdictCache:
         self._fh.close()
 
 
+_DEVICE = re.compile(r"^device: (.+?); \d+ warm-up", re.M)
+
+
+def _device(log: str | None) -> str | None:
+    """The GPU a verdict was timed on: its log's ``device: NAME; 3 warm-up, ...`` line."""
+    m = _DEVICE.search(log or "")
+    return m.group(1) if m else None
+
+
 def _checked(pair: Pair, key: str, mode: str, verdict: Any) -> Checked:
     import math
 
@@ -123,6 +136,7 @@ def _checked(pair: Pair, key: str, mode: str, verdict: Any) -> Checked:
         ref_ms=verdict.ref_ms,
         new_ms=verdict.new_ms,
         guard=guard_name(verdict.message) if verdict.status == "rejected" else None,
+        gpu=_device(verdict.log) if mode == "gpu" else None,
         message=(verdict.message or "").splitlines()[0][:300] if verdict.message else "",
     )
 
@@ -139,6 +153,7 @@ def validate_pairs(
     stats: Any = None,
     on_result: Callable[[Pair, Checked, bool], None] | None = None,
     stop_below: float | None = None,
+    gpu: str | None = None,
 ) -> Iterator[tuple[Pair, Checked]]:
     """Yield ``(pair, checked)`` for every pair with a candidate: cached verdicts first (``on_result``'s last
     argument says whether it came from the cache), then the rest through ``validate_many`` on ``pool`` as
@@ -146,7 +161,9 @@ def validate_pairs(
     get no verdict and no cache line: a rerun validates them); ``stats``, a ``BatchStats``, is filled.
     ``pool`` is a :class:`dice.validator.ValidatorPool` (or anything with its ``submit_kernelbench``; tests
     stub it there). References the validator refuses get a ``runtime_error``. ``stop_below``: the pool's early
-    stop of timing (a candidate below it after the pilot rounds is not timed further; flagged)."""
+    stop of timing (a candidate below it after the pilot rounds is not timed further; flagged). ``gpu``:
+    this machine's GPU; a cached GPU verdict timed on another (or an unnamed) one is not reused, since a
+    speedup is a property of the GPU it was timed on."""
     from dice.validator import InvalidReference, Verdict
     from dice.validator.batch import BatchTask, validate_many
     from dice.validator.reference import check_reference
@@ -159,7 +176,7 @@ def validate_pairs(
             continue
         key = cache_key(pair, mode, strict)
         hit = cache.get(key)
-        if hit is not None and not reusable(hit, stop_below):
+        if hit is not None and not reusable(hit, stop_below, gpu):
             hit = None
         if hit is not None:
             hit = Checked(**{**asdict(hit), "pair_id": pair.id})
@@ -194,6 +211,8 @@ def validate_pairs(
     for task, verdict in validate_many(pool, tasks, budget_s=budget_s, stats=stats):
         pair, key = task.key
         row = _checked(pair, key, mode, verdict)
+        if mode == "gpu" and row.gpu is None:  # no timing line (not timed): the machine's GPU ran it
+            row.gpu = gpu
         if FLAG_TIMING_STOPPED in (verdict.flags or []):
             row.stopped_below = stop_below
         cache.put(row)

@@ -454,3 +454,31 @@ def test_a_stopped_verdict_serves_only_a_cut_off_it_is_below():
     assert not reusable(stopped, 0.3) and not reusable(stopped, None)
     full = Checked("k", "p", "gpu", "correct", True, True, 0.4, 1.0, 2.5, None, "")
     assert reusable(full, None) and reusable(full, 0.3)
+
+
+def test_a_speedup_timed_on_another_gpu_is_not_reused():
+    from types import SimpleNamespace
+
+    from training.cuke.validate import Checked, _checked, reusable
+
+    h100 = Checked(
+        "k", "p", "gpu", "correct", True, True, 3.0, 1.0, 0.3, None, "", gpu="NVIDIA H100 80GB HBM3"
+    )
+    assert reusable(h100, 1.0, "NVIDIA H100 80GB HBM3") and reusable(h100, 1.0, None)
+    assert not reusable(h100, 1.0, "NVIDIA H200")
+    unnamed = Checked("k", "p", "gpu", "correct", True, True, 3.0, 1.0, 0.3, None, "")
+    assert not reusable(unnamed, 1.0, "NVIDIA H200")
+    compiled = Checked("k", "p", "compile", "compiled", True, None, None, None, None, None, "")
+    assert reusable(compiled, None, "NVIDIA H200")
+    log = "correctness: ...\ndevice: NVIDIA H200; 3 warm-up, 100 trials, L2 flushed; 3 sets\n"
+    v = SimpleNamespace(status="correct", compiled=True, correct=True, speedup=2.0, ref_ms=1, new_ms=0.5)
+    assert (
+        _checked(_pair_obj(), "k", "gpu", SimpleNamespace(**vars(v), message="", log=log)).gpu
+        == "NVIDIA H200"
+    )
+
+
+def _pair_obj():
+    from training.cuke.records import Pair
+
+    return Pair("p", "s", "ref", "new")
