@@ -295,26 +295,29 @@ def _validate(
         ):
             answered.add(id(pair))
             src = pair.source
-            rep.count("validated", src)
-            rep.statuses[chk.status] += 1
+            # the source pairs' funnel; shape variants and teacher kernels have rows of their own ("aug_")
+            stage = "" if phase == "pairs" else "aug_"
+            rep.count(stage + "validated", src)
+            if phase == "pairs":
+                rep.statuses[chk.status] += 1
+                if chk.guard:
+                    rep.guards[chk.guard] += 1
             if chk.compiled:
-                rep.count("compiled", src)
-            if chk.guard:
-                rep.guards[chk.guard] += 1
+                rep.count(stage + "compiled", src)
             if chk.status == "correct":
-                rep.count("correct", src)
-                if chk.speedup is not None:
+                rep.count(stage + "correct", src)
+                if chk.speedup is not None and phase == "pairs":
                     rep.speedups.append(chk.speedup)
             pair.meta.update(verdict=chk.status, speedup=chk.speedup, guard=chk.guard, mode=chk.mode)
             if chk.kept(cfg.min_speedup):
                 if cfg.mode == "gpu":
-                    rep.count("fast", src)
+                    rep.count(stage + "fast", src)
                 kept.append(pair)
     finally:
         cache.close()
     for pair in pairs:
         if pair.cuda_code is not None and id(pair) not in answered:
-            rep.count("pending", pair.source)
+            rep.count("pending" if phase == "pairs" else "aug_pending", pair.source)
     rep.validation[phase] = stats.to_json() | {"cached": len(answered) - stats.finished}
     return kept
 
@@ -376,7 +379,8 @@ def _augment(
     if teacher is not None:
         extra += augment.teacher_candidates(blocks, teacher, cfg.teacher_samples)
     got = _validate(cfg, rep, extra, pool, deadline, phase="augmentation") if extra else []
-    rep.augmentation["validated"] = len(extra)
+    rep.augmentation["candidates"] = len(extra)
+    rep.augmentation["validated"] = rep.funnel.get("aug_validated", 0)  # the rest: aug_pending
     rep.augmentation["kept"] = len(got)
     return got
 

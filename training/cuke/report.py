@@ -23,6 +23,11 @@ STAGES = (
     ("compiled", "compiled"),
     ("correct", "correct (full protocol)"),
     ("fast", "correct and >= min speedup"),
+    ("aug_validated", "augmentation validated (shape variants of kept pairs, teacher kernels)"),
+    ("aug_pending", "augmentation not validated within the time budget"),
+    ("aug_compiled", "augmentation compiled"),
+    ("aug_correct", "augmentation correct (full protocol)"),
+    ("aug_fast", "augmentation correct and >= min speedup"),
     ("near_duplicates", "near duplicates dropped (the faster kept)"),
     ("kept", "kept"),
 )

@@ -251,6 +251,9 @@ def test_shape_variants_are_validated_and_kept_as_samples_of_their_own(tmp_path)
         compile_check=lambda text: True,
     )
     assert rep.augmentation["validated"] == 4 and rep.augmentation["kept"] == 3
+    # the funnel's pair rows count the source pairs; the variants have rows of their own
+    assert rep.funnel["validated"] == 2 and rep.funnel["fast"] == 2 and len(rep.speedups) == 2
+    assert rep.funnel["aug_validated"] == 4 and rep.funnel["aug_fast"] == 3
     assert rep.funnel["near_duplicates"] == 0 and rep.funnel["kept"] == 5
     prompts = [r["prompt"] for r in _read(out / "sft.jsonl")]
     assert len(set(prompts)) == 5
