@@ -167,32 +167,14 @@ def _run_judged(
         except RunnerFailed as exc:
             exc.log = f"{describe_builds(exc.records)}\n{exc.log}"
             raise
-        records = [r for r in ready.get("records") or [] if isinstance(r, dict)]
-        phases = ready.get("phases") if isinstance(ready.get("phases"), dict) else {}
-        steps = ", ".join(f"{k} {v:.2f}" for k, v in phases.items() if isinstance(v, (int, float)))
-        build_log = (
-            f"{describe_builds(records)}; runner ready {time.perf_counter() - start:.2f} s "
-            f"(after the fork: {steps or 'not reported'})\n{construction}"
-        )
+        build_log = _ready_log(ready, time.perf_counter() - start, construction)
         verdict = first_rejection(
             Replaced("importing the candidate", [str(n) for n in ready.get("replaced") or []])
         )
         if verdict is not None:
             return verdict, False
-        waited = time.perf_counter()
-        ctx.acquire_gpu()
-        held = time.perf_counter()
-        with torch.no_grad():
-            names = [str(n) for n in ready.get("kernel_names") or []]
-            verdict = _check_and_time(
-                session, model, ref, device, strict, timing, names, ctx.device_name, stop_below
-            )
-        replaced = session.runner.request("check", "check").get("replaced") or []
-        patched = first_rejection(Replaced("the candidate", [str(n) for n in replaced]))
-        verdict = patched if patched is not None else verdict
-        # the GPU is the pool's one serial resource: BatchStats sums this line (gpu_seconds)
-        gpu_line = f"{GPU_LOCK_LINE} waited {held - waited:.2f} s, held {time.perf_counter() - held:.2f} s"
-        verdict.log = f"{build_log}\n{gpu_line}\n{verdict.log}".strip()
+        verdict = _judged_on_gpu(ctx, session, model, ref, device, (strict, timing, stop_below), ready)
+        verdict.log = f"{build_log}\n{verdict.log}".strip()
         return verdict, False
     except (RunnerFailed, ProtocolViolation) as exc:
         return runner_verdict(exc, build_log), False
@@ -208,6 +190,48 @@ def _run_judged(
             # in this idle worker: idle workers holding 6-30 GiB each ran the working one out of memory
             gc.collect()
             torch.cuda.empty_cache()
+
+
+def _ready_log(ready: dict[str, Any], seconds: float, construction: str) -> str:
+    """The build line of a verdict log: the runner's builds, when it was ready and its own phases."""
+    records = [r for r in ready.get("records") or [] if isinstance(r, dict)]
+    phases = ready.get("phases") if isinstance(ready.get("phases"), dict) else {}
+    steps = ", ".join(f"{k} {v:.2f}" for k, v in phases.items() if isinstance(v, (int, float)))
+    return (
+        f"{describe_builds(records)}; runner ready {seconds:.2f} s "
+        f"(after the fork: {steps or 'not reported'})\n{construction}"
+    )
+
+
+def _judged_on_gpu(
+    ctx: WorkerContext,
+    session: Session,
+    model: Any,
+    ref: ModuleType,
+    device: Any,
+    options: tuple[bool, bool, float | None],
+    ready: dict[str, Any],
+) -> Verdict:
+    """Under the GPU's lock: the checks and the timing (``options``: strict, timing, stop_below), then the
+    runner's last look at what the candidate replaced; the log opens with the lock's wait and hold times."""
+    import torch
+
+    strict, timing, stop_below = options
+    waited = time.perf_counter()
+    ctx.acquire_gpu()
+    held = time.perf_counter()
+    with torch.no_grad():
+        names = [str(n) for n in ready.get("kernel_names") or []]
+        verdict = _check_and_time(
+            session, model, ref, device, strict, timing, names, ctx.device_name, stop_below
+        )
+    replaced = session.runner.request("check", "check").get("replaced") or []
+    patched = first_rejection(Replaced("the candidate", [str(n) for n in replaced]))
+    verdict = patched if patched is not None else verdict
+    # the GPU is the pool's one serial resource: BatchStats sums this line (gpu_held_s, gpu_wait_s)
+    gpu_line = f"{GPU_LOCK_LINE} waited {held - waited:.2f} s, held {time.perf_counter() - held:.2f} s"
+    verdict.log = f"{gpu_line}\n{verdict.log}".strip()
+    return verdict
 
 
 def _short(exc: BaseException, limit: int = 600) -> str:
@@ -475,16 +499,7 @@ def _timed_verdict(
             log="\n".join(log),
         )
     ref_t, new_t = timed
-    log.append(
-        f"reference (eager, live, host clock): mean {ref_t['mean_ms']:.5f} ms, "
-        f"median {ref_t['median_ms']:.5f}, std {ref_t['std_ms']:.5f} "
-        f"(an empty synchronisation, {ref_t['baseline_ms']:.5f} ms, subtracted)"
-    )
-    log.append(
-        f"candidate (timed by the judge, go/done): mean {new_t['mean_ms']:.5f} ms, median "
-        f"{new_t['median_ms']:.5f}, std {new_t['std_ms']:.5f} (an empty round trip, "
-        f"{new_t['baseline_ms']:.5f} ms, subtracted); outputs checked after every round"
-    )
+    log += _timing_lines(ref_t, new_t)
     trials = int(new_t.get("trials", TIMING_TRIALS))
     log.append(f"device: {device_name}; {WARMUP} warm-up, {trials} trials, L2 flushed; {draws.describe}")
     speedup = ref_t["mean_ms"] / new_t["mean_ms"] if new_t["mean_ms"] > 0 else None
@@ -511,6 +526,18 @@ def _timed_verdict(
         log="\n".join(log),
         flags=flags,
     )
+
+
+def _timing_lines(ref_t: dict[str, Any], new_t: dict[str, Any]) -> list[str]:
+    """The verdict log's two timing lines: the reference's and the candidate's summaries."""
+    return [
+        f"reference (eager, live, host clock): mean {ref_t['mean_ms']:.5f} ms, "
+        f"median {ref_t['median_ms']:.5f}, std {ref_t['std_ms']:.5f} "
+        f"(an empty synchronisation, {ref_t['baseline_ms']:.5f} ms, subtracted)",
+        f"candidate (timed by the judge, go/done): mean {new_t['mean_ms']:.5f} ms, median "
+        f"{new_t['median_ms']:.5f}, std {new_t['std_ms']:.5f} (an empty round trip, "
+        f"{new_t['baseline_ms']:.5f} ms, subtracted); outputs checked after every round",
+    ]
 
 
 def _fits(device: Any, input_bytes: int) -> bool:
