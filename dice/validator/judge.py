@@ -518,7 +518,7 @@ def time_rounds(
     ref_times: list[float] = []
     new_times: list[float] = []
     slots: list[Any] = []
-    check_at = warmup + max(1, pilot) if stop_below is not None and 0 < pilot < trials else None
+    check_at = warmup + pilot if stop_below is not None and 0 < pilot < trials else None
     for i in range(warmup + trials):
         if i == check_at:
             ref_s = summary(ref_times, _sync_baseline(device, flush))

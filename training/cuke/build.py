@@ -9,6 +9,7 @@ knows), and every kept pair carries its own measured verdict. Output layout and 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -348,7 +349,7 @@ def ordered(pairs: list[Pair], order: str, min_speedup: float) -> list[Pair]:
     def key(item: tuple[int, Pair]) -> tuple[int, float]:
         i, p = item
         claim = p.meta.get("claimed_speedup")
-        if not isinstance(claim, (int, float)) or claim != claim:
+        if not isinstance(claim, (int, float)) or math.isnan(claim):
             return (1, float(i))
         return (0 if claim >= min_speedup else 2, -float(claim))
 
