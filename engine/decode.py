@@ -188,11 +188,14 @@ def decode(
     until: Callable[[int, list[int]], bool] | None = None,
     prefix_cache: PrefixCache | None = None,
     on_block: Callable[[BlockEvent], None] | None = None,
+    allowed: Tensor | None = None,
 ) -> GenerationOutput:
     """Generate for every prompt. ``until(row, ids)`` is asked after each block whether a row is done;
     ``on_block`` is told after each block what every row holds (it may raise to stop, as ``on_step``).
 
-    ``prefix_cache``: reuse (and remember) the K/V of prompt prefixes shared with earlier prompts."""
+    ``prefix_cache``: reuse (and remember) the K/V of prompt prefixes shared with earlier prompts.
+    ``allowed``: (V,) or (B, V) bool over the logits' V ids, the tokens each row may produce
+    (``engine.scope``); None: all."""
     s = settings
     bs = s.block_size
     b = len(prompts)
@@ -227,6 +230,8 @@ def decode(
     x = x.to(device)
     generated = (arange_bs[None] >= torch.tensor(tails, device=device)[:, None]).clone()  # (B, bs)
     loop = _Loop(runner, cache, s, generator, on_step, device)
+    if allowed is not None:
+        loop.banned = _banned(allowed, b, device)
     rows = _Rows.empty(b)
     active = torch.ones(b, 1, dtype=torch.bool, device=device)
     prev_clean: Tensor | None = None
@@ -273,6 +278,7 @@ class _Loop:
         self.need_entropy = settings.policy == "entropy"
         self.row_steps: Tensor | None = None  # (B, 1) steps each row has taken (made with the first block)
         self.total_steps = 0
+        self.banned: Tensor | None = None  # (B, 1, V) bool: tokens a row may not produce
 
     def _static_steps(self, n_masked: int) -> int:
         steps, spent = 0, 0
@@ -321,6 +327,8 @@ class _Loop:
                 start = torch.full((1,), start_slot, dtype=torch.long, device=device)  # no H2D copy
             logits = self.runner.step(self.cache, ids, ids_pos, start, bs)  # (B, bs, V)
             logits[..., s.mask_id] = float("-inf")  # the mask token is never a prediction
+            if self.banned is not None:
+                logits = logits.masked_fill(self.banned, float("-inf"))
             tokens, confidence, entropy = sample_tokens(
                 logits, s.sampling, self.generator, need_entropy=self.need_entropy
             )
@@ -337,6 +345,18 @@ class _Loop:
                 committed = committed_before + int((generated & ~masked).sum())
                 self.on_step(StepEvent(block, step - 1, self.total_steps, committed))
         return _Block(x, generated, step_map, conf_map)
+
+
+def _banned(allowed: Tensor, rows: int, device: torch.device | str) -> Tensor:
+    """(B, 1, V) bool from a (V,) or (B, V) ``allowed`` mask."""
+    allowed = torch.as_tensor(allowed, dtype=torch.bool)
+    if allowed.dim() == 1:
+        allowed = allowed[None].expand(rows, -1)
+    if allowed.dim() != 2 or allowed.shape[0] != rows:
+        raise ValueError(f"allowed must be (V,) or ({rows}, V), got {tuple(allowed.shape)}")
+    if not bool(allowed.any(-1).all()):
+        raise ValueError("allowed leaves a row no token to produce")
+    return (~allowed).to(device)[:, None, :]
 
 
 def _collect_block(

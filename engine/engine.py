@@ -20,9 +20,11 @@ from engine.infill import InfillPlan
 from engine.kv_cache import PrefixCache
 from engine.locate import resolve_model_path
 from engine.model import DiceModel, ModelConfig
+from engine.model_settings import read_identifier_scope
 from engine.prompts import infill_opening, kernelbench_prompt
 from engine.runner import CudaGraphRunner, EagerRunner
 from engine.sampling import SamplingParams
+from engine.scope import IdentifierScope
 from engine.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -80,6 +82,7 @@ class Engine:
         prefix_cache_entries: int = 4,
         prefix_cache_tokens: int = 8192,
         kernels: bool | None = None,
+        identifier_scope: bool = False,
     ) -> None:
         self.model = model.eval()
         if fuse_projections:  # the model becomes inference-only (see DiceModel.fuse_projections)
@@ -87,6 +90,9 @@ class Engine:
         self.tokenizer = tokenizer
         self.name = name
         self.path = path
+        # identifier_scope: infills may spell only the prompt's words (engine.scope; the model's dice.json)
+        self.identifier_scope = identifier_scope
+        self._scope: IdentifierScope | None = None
         self.device = model.lm_head.weight.device
         self.dtype = model.lm_head.weight.dtype
         if cuda_graphs is None:
@@ -192,6 +198,7 @@ class Engine:
         dice_eval_compat: bool = False,
         until: Callable[[int, list[int]], bool] | None = None,
         on_block: Callable[[BlockEvent], None] | None = None,
+        allowed: Tensor | None = None,
     ) -> GenerationOutput:
         """Decode new tokens after each prompt (one prompt or a batch of different lengths).
 
@@ -202,6 +209,8 @@ class Engine:
         top_k 1, static, block 4, 4 steps). ``until(row, ids)`` is asked after each block whether a row is
         done. ``on_step`` may raise (e.g. ``engine.Cancelled``) to stop between steps; ``on_block`` gets every
         row's tokens so far after each block (``engine.decode.BlockEvent``; a server streams from it).
+        ``allowed``: (V,) or (B, V) bool over the tokenizer's ids, the tokens a row may produce
+        (``engine.scope``; ids past it, the model's padding, are never produced); None: any.
         """
         prompts = self._as_batch(prompt_ids)
         vocab = self.config.vocab_size
@@ -230,6 +239,8 @@ class Engine:
         if seed is not None or temperature > 0:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
+        if allowed is not None:
+            allowed = _pad_vocab(torch.as_tensor(allowed, dtype=torch.bool), vocab)
         with _threads(self.cpu_threads):
             return decode(
                 self.runner,
@@ -241,6 +252,7 @@ class Engine:
                 until=until,
                 prefix_cache=self.prefix_cache,
                 on_block=on_block,
+                allowed=allowed,
             )
 
     @staticmethod
@@ -280,6 +292,13 @@ class Engine:
             )
         return out
 
+    def scope_mask(self, prompt_text: str) -> Tensor:
+        """(V,) bool: the tokens a fill of ``prompt_text`` may use under the identifier scope
+        (``engine.scope``; the per-tokenizer tables are built on first use)."""
+        if self._scope is None:
+            self._scope = IdentifierScope(self.tokenizer)
+        return self._scope.allowed(prompt_text)
+
     def infill(
         self,
         prefix: str,
@@ -289,14 +308,20 @@ class Engine:
         n: int = 1,
         max_new_tokens: int = 256,
         shape: str | None = None,
+        identifier_scope: bool | None = None,
         **decode_args: Any,
     ) -> list[Completion]:
         """Fill the middle between ``prefix`` and ``suffix`` (DICE infilling prompt, response pre-filled with
         the prefix); generation stops when the suffix's first line appears, or where a fill of a ``shape``
         hole ends (``engine.shape``: "statement", "expression", "line"; "block"/None: the suffix only), and
-        the middle is cut there. A caller's ``until`` is asked as well. Returns the middles only."""
+        the middle is cut there. A caller's ``until`` is asked as well. ``identifier_scope`` (None: the
+        engine's, from the model's dice.json): the fill spells only words of the prompt and the C++/CUDA
+        lexicon (``engine.scope``). Returns the middles only."""
         plan = InfillPlan.make(prefix, suffix, context=context, shape=shape)
         ids = self.tokenizer.encode(plan.prompt_text)
+        scoped = self.identifier_scope if identifier_scope is None else identifier_scope
+        if scoped and "allowed" not in decode_args:
+            decode_args["allowed"] = self.scope_mask(plan.prompt_text)
 
         def reached_end(row: int, new_ids: list[int]) -> bool:
             return plan.reached_end(self.tokenizer.decode(new_ids))
@@ -325,6 +350,16 @@ class Engine:
         ids = self.tokenizer.encode(kernelbench_prompt(ref_src, variant=variant))
         out = self._sample_n(ids, n, max_new_tokens, **decode_args)
         return self._completions(out, [self.tokenizer.decode(row) for row in out.ids])
+
+
+def _pad_vocab(allowed: Tensor, vocab: int) -> Tensor:
+    """``allowed`` (..., n) widened to the model's ``vocab`` ids with False (n <= vocab)."""
+    n = allowed.shape[-1]
+    if n > vocab:
+        raise ValueError(f"allowed covers {n} ids, the model has {vocab}")
+    if n == vocab:
+        return allowed
+    return torch.cat([allowed, allowed.new_zeros(*allowed.shape[:-1], vocab - n)], -1)
 
 
 def _check_token_ids(folder: Path, tokenizer: Tokenizer, vocab: int) -> None:
@@ -390,6 +425,7 @@ def load_engine(
     model = load_model(folder, device=dev, dtype=target)
     tokenizer = load_tokenizer(folder, mask_id=model.config.mask_token_id)
     _check_token_ids(folder, tokenizer, model.config.vocab_size)
+    scope = read_identifier_scope(folder) == "prompt"
     return Engine(
         model,
         tokenizer,
@@ -401,4 +437,5 @@ def load_engine(
         prefix_cache_entries=prefix_cache_entries,
         prefix_cache_tokens=prefix_cache_tokens,
         kernels=kernels,
+        identifier_scope=scope,
     )
