@@ -39,19 +39,34 @@ sft)
     RUN=$OUT SFT_MINUTES=${SFT_MINUTES:-8} timeout 570 bash scripts/build_dice_tiny.sh train 2>&1 \
         | tee "$OUT/sft.log" | grep -v "━" | tail -40
     rm -rf "$OUT/sft/checkpoints"  # the resumable state: not needed back here
+    # kept on the device for a following `rl` call on the same warm machine (RL_FROM=runs/dice-tiny/sft-next)
+    rm -rf runs/dice-tiny/sft-next && mkdir -p runs/dice-tiny && cp -r "$OUT/sft/final" runs/dice-tiny/sft-next
     # At most 8 files of <= 16 MiB come back: final/ (19 MB of weights) travels as one archive in parts.
     pack_final "$OUT/sft/final" "$OUT/sft_final.tgz"
     ;;
 rl)
-    mkdir -p runs/dice-tiny && [[ -d runs/dice-tiny/sft/final ]] || { echo "carry runs/dice-tiny/sft/final" && exit 2; }
-    mkdir -p "$OUT/sft" && cp -r runs/dice-tiny/sft/final "$OUT/sft/final"
+    # RL_FROM: the SFT model (default the carried runs/dice-tiny/sft/final); RL_ARGS: more `dice train rl`
+    # flags; E2E_TASKS=FILE: then E2E_STEPS of phase e2e from the infill run's final/ (E2E_TIMEOUT seconds).
+    from=${RL_FROM:-runs/dice-tiny/sft/final}
+    [[ -d $from ]] || { echo "no SFT model at $from (carry runs/dice-tiny/sft/final)" && exit 2; }
+    mkdir -p "$OUT/sft" && cp -r "$from" "$OUT/sft/final"
     RUN=$OUT timeout "${RL_TIMEOUT:-570}" bash scripts/build_dice_tiny.sh rl 2>&1 | tee "$OUT/rl.log" | tail -60
+    if [[ -n ${E2E_TASKS:-} && -d $OUT/rl/final ]]; then
+        timeout "${E2E_TIMEOUT:-150}" python3 -m dice train rl --phase e2e --model "$OUT/rl/final" \
+            --tasks "$E2E_TASKS" --out "$OUT/rl_e2e" --steps "${E2E_STEPS:-2}" --tasks-per-step 8 \
+            --group-size 8 --max-new-tokens 512 --lr 2e-5 --kl-mode ref --eval-every 0 --seed 0 \
+            --no-save-state 2>&1 | tee "$OUT/rl_e2e.log" | tail -30
+    fi
     # a finished run needs only final/ back here (as an archive); one cut by the time limit leaves its last
     # checkpoint (--save-every 4) on the device only: too large and too many files to come back
     if [[ -d $OUT/rl/final ]]; then
         pack_final "$OUT/rl/final" "$OUT/rl_final.tgz"
     fi
-    rm -rf "$OUT/rl/checkpoints"
-    rm -rf "$OUT/sft" "$OUT/rl/schedule.jsonl"  # (8 files come back at most)
+    rm -rf "$OUT/rl/checkpoints" "$OUT/rl_e2e/final" "$OUT/rl_e2e/checkpoints"
+    rm -rf "$OUT/sft" "$OUT/rl/schedule.jsonl" "$OUT/rl_e2e/schedule.jsonl"
+    # at most 8 files come back: the runs' small files (metrics, curves, configs, logs) in one archive
+    tar czf "$OUT/rl_runs.tgz" -C "$OUT" rl rl_e2e rl.log rl_e2e.log --ignore-failed-read 2>/dev/null
+    rm -rf "$OUT/rl" "$OUT/rl_e2e"
+    ls -la "$OUT"
     ;;
 esac

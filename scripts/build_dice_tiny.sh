@@ -96,7 +96,8 @@ rl() {
     "$PY" -m dice train rl --phase infill --model "$RUN/sft/final" --out "$RUN/rl" \
         --tasks "$WORK/rl/train/cu_infill.jsonl" "${eval[@]}" \
         --steps "$RL_STEPS" --tasks-per-step "$RL_TASKS" --cu-window-bytes 5000 --max-new-tokens 64 \
-        --lr 2e-5 --kl-mode ref --eval-every 8 --eval-max 128 --save-every 4 --seed 0 "${RL_EXTRA[@]}"
+        --lr 2e-5 --kl-mode ref --eval-every 8 --eval-max 128 --save-every 4 --seed 0 "${RL_EXTRA[@]}" \
+        ${RL_ARGS:-}
 }
 
 evaluate() {

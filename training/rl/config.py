@@ -41,6 +41,13 @@ class RLConfig(CliConfig):
         default=None, metadata={"help": "tokenizer folder (default: the --model folder)"}
     )
     steps: int = field(default=0, metadata={"help": "RL steps (0 = DICE's: 20 for infill, 100 for e2e)"})
+    max_minutes: float = field(
+        default=0.0,
+        metadata={
+            "help": "stop after the step during which this many minutes of training have passed, then "
+            "evaluate and export as after the last step (0 = no limit: --steps only)"
+        },
+    )
     tasks_per_step: int = field(default=64, metadata={"help": "tasks per step, over all processes"})
     group_size: int = field(default=16, metadata={"help": "samples per task (the advantage group)"})
     max_new_tokens: int = field(default=4096, metadata={"help": "length cap of a rollout's response"})
@@ -152,6 +159,13 @@ class RLConfig(CliConfig):
             "help": ".cu tasks: byte | line | auto (the model's dice.json, as the assistant prompts it)"
         },
     )
+    identifier_scope: str = field(
+        default="auto",
+        metadata={
+            "help": ".cu tasks: off | prompt (rollouts spell only the prompt's words and the C++/CUDA "
+            "lexicon, engine.scope) | auto (the model's dice.json, as the assistant fills it)"
+        },
+    )
     cu_window_bytes: int = field(
         default=0,
         metadata={
@@ -237,6 +251,7 @@ class RLConfig(CliConfig):
             "loss_norm": ("response", "fixed"),
             "compile": ("auto", "yes", "no"),
             "hole_cut": ("auto", "byte", "line"),
+            "identifier_scope": ("auto", "off", "prompt"),
             "cu_reward": ("match", "compile"),
         }
         for name, allowed in choices.items():

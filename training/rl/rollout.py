@@ -212,6 +212,7 @@ class RolloutSettings:
     kv_budget_bytes: int | None = None  # cap on one chunk's K/V cache: fewer rows per chunk when it binds
     top_p: float | None = None  # nucleus / top-k filtering of the sampled distribution (None: off, DICE)
     top_k: int | None = None
+    identifier_scope: bool = False  # .cu infill tasks: spell only the prompt's words (engine.scope)
 
 
 def rollout(
@@ -265,6 +266,7 @@ def rollout_chunks(
     prompts = [tok.encode(t.prompt) for t in tasks]
     plans = [infill_plan(t) if settings.stop_at_suffix else None for t in tasks]
     limit = engine.config.max_position_embeddings
+    scopes = _scope_masks(engine, tasks) if settings.identifier_scope else None
     rows = rows_within_budget(engine, prompts, settings)
     for c, pieces in enumerate(plan_chunks(len(tasks), settings.group_size, rows)):
         row_tasks = [t for t, _first, n in pieces for _ in range(n)]
@@ -290,6 +292,7 @@ def rollout_chunks(
             stop_ids=[],
             seed=chunk_seed(settings.seed, c),
             until=lambda row, ids, w=watches: w[row](ids),
+            allowed=None if scopes is None else _stack([scopes[t] for t in row_tasks]),
         )
         made = [
             _make_rollout(tasks[t], sample, prompts[t], ids, steps, stopped, stop_ids, tok.decode)
@@ -303,6 +306,22 @@ def rollout_chunks(
             done.append((t, first, made[row : row + n]))
             row += n
         yield done
+
+
+def _scope_masks(engine: Engine, tasks: Sequence[Task]) -> list:
+    """Per task, the tokens its rollouts may use: the prompt's words (``engine.scope``) for ``.cu`` infill
+    tasks, as the assistant fills the same model's holes; every token for the other kinds (a whole program
+    names new kernels and a KernelBench-format fill writes a new source string)."""
+    import torch
+
+    everything = torch.ones(engine.tokenizer.vocab_size, dtype=torch.bool)
+    return [engine.scope_mask(t.prompt) if t.kind == "cu_infill" else everything for t in tasks]
+
+
+def _stack(masks: list) -> object:
+    import torch
+
+    return torch.stack(masks)
 
 
 def rows_within_budget(

@@ -122,6 +122,7 @@ class RLTrainer:
         self.out = Path(cfg.out)
         self.state = TrainerState()
         self.started = time.perf_counter()
+        self.stopped_at: int | None = None  # the step after which --max-minutes stopped the run
 
     # ---------------------------------------------------------------------------------------------- setup
 
@@ -233,12 +234,14 @@ class RLTrainer:
         self.policy = PolicyLogps(model).train()
 
     def _setup_tasks(self) -> None:
-        from engine.model_settings import read_hole_cut
+        from engine.model_settings import read_hole_cut, read_identifier_scope
         from training.rl.tasks import CuPrompting, load_tasks
 
         cfg = self.cfg
         # .cu prompts as the assistant cuts them for this model (its dice.json), so rollouts see what users do
         hole_cut = read_hole_cut(cfg.model) if cfg.hole_cut == "auto" else cfg.hole_cut
+        scope = read_identifier_scope(cfg.model) if cfg.identifier_scope == "auto" else cfg.identifier_scope
+        self.identifier_scope = scope == "prompt"
         cu = CuPrompting(hole_cut, cfg.cu_window_bytes or None)
         self.tasks = self._fitting(load_tasks(cfg.tasks, cfg.phase, cu=cu), "--tasks")
         if cfg.reward == "validator" and any(t.kind == "toy" for t in self.tasks):
@@ -380,8 +383,13 @@ class RLTrainer:
         if self.eval_tasks is not None and s.step == 0:
             s.eval_history.append({"step": 0, **self.evaluate()})
             acc.print(f"rl: held-out before training: {s.eval_history[-1]}")
+        started, first = time.perf_counter(), s.step
         with LiveView(total, s.step, phase=cfg.phase, enabled=acc.is_main_process) as view:
             while s.step < total:
+                if s.step > first and self._out_of_time(started):
+                    acc.print(f"rl: --max-minutes {cfg.max_minutes:g} reached after step {s.step} of {total}")
+                    self.stopped_at = s.step
+                    break
                 s.step += 1
                 row = self.train_step(s.step)
                 if self.eval_tasks is not None and cfg.eval_every and s.step % cfg.eval_every == 0:
@@ -395,6 +403,15 @@ class RLTrainer:
                 if acc.is_main_process:  # the CSVs every step, the PNG every few
                     png = s.step % PNG_EVERY == 0 or s.step == total
                     write_curves(self.out, s.history, s.eval_history, png=png)
+
+    def _out_of_time(self, started: float) -> bool:
+        """``--max-minutes`` spent since ``train`` began, as every process agrees (the slowest clock's
+        answer: each process must leave the loop at the same step)."""
+        if not self.cfg.max_minutes:
+            return False
+        late = float(time.perf_counter() - started > self.cfg.max_minutes * 60)
+        flag = torch.tensor([late], device=self.accelerator.device)
+        return bool(self.accelerator.reduce(flag, reduction="max").item() > 0)
 
     def train_step(self, step: int) -> dict:
         """One RL step on every process; the step's metrics row (reduced over the processes)."""
@@ -445,6 +462,7 @@ class RLTrainer:
             seed=step_seed(cfg.seed, step, self.rank),
             batch_rows=cfg.rollout_rows,
             kv_budget_bytes=self._kv_budget_bytes(),
+            identifier_scope=self.identifier_scope,
         )
         n = settings.group_size
         groups: list[list] = [[None] * n for _ in tasks]
@@ -578,6 +596,7 @@ class RLTrainer:
             "phase": cfg.phase,
             "steps": s.step,
             "skipped_steps": s.skipped,
+            "stopped_by_max_minutes": self.stopped_at is not None,
             "tasks_too_long": getattr(self, "too_long", {}),
             "last": s.history[-1] if s.history else None,
             "eval_before": s.eval_history[0] if s.eval_history else None,

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine.answers import extract_program
 from engine.infill import InfillPlan
@@ -447,3 +448,26 @@ def test_infill_rollout_stops_where_the_middle_ends(engine):
         # ended by the watch only when the plan agrees the middle is complete
         assert (r.ended_by == "until") <= plan.reached_end(r.text)
         assert program_from(task, r.text).startswith(CU_TEXT.split(MASK)[0])
+
+
+def test_identifier_scope_keeps_cu_rollouts_to_the_prompts_words(engine, tmp_path):
+    """``.cu`` infill tasks decode under the prompt's identifier scope (engine.scope), as the assistant fills
+    them; a toy (or KernelBench-format) task in the same batch is not restricted."""
+    cu = load_tasks([write_jsonl(tmp_path / "cu_infill.jsonl", [cu_rec(0)])], "infill")
+    tasks = cu + toy_tasks(1)
+    settings = dict(group_size=6, max_new_tokens=16, seed=2, temperature=1.0, stop_at_suffix=False)
+    scoped = RolloutSettings(**settings, identifier_scope=True)
+    groups: list = [None, None]
+    for pieces in rollout_chunks(engine, tasks, scoped):
+        for t, _first, rows in pieces:
+            groups[t] = rows
+    mask = engine.scope_mask(cu[0].prompt)
+    assert all(bool(mask[i]) for r in groups[0] for i in r.response_ids)
+    free = rollout(engine, tasks, **settings)
+    # the unrestricted samples of the same tasks leave the cu task's scope (else nothing was tested) ...
+    assert any(i >= len(mask) or not mask[i] for r in free[0] for i in r.response_ids)
+    # ... and the toy task's rows may use every token
+    from training.rl.rollout import _scope_masks
+
+    cu_mask, toy_mask = _scope_masks(engine, tasks)
+    assert torch.equal(cu_mask, mask) and bool(toy_mask.all()) and not bool(cu_mask.all())

@@ -394,3 +394,19 @@ def test_reward_workers_fill_the_cores_for_compile_rewards_only(tmp_path: Path) 
     assert reward_workers(cfg("infill"), world=32, cpus=16) == 1
     assert reward_workers(cfg("e2e"), world=1, cpus=16) is None  # the pool's own default (GPU runs)
     assert reward_workers(cfg("infill", workers=3), world=1, cpus=16) == 3
+
+
+def test_max_minutes_stops_after_a_step_and_still_evaluates_and_exports(
+    tiny: Path, toy_tasks: Path, tmp_path: Path
+) -> None:
+    """``--max-minutes``: the run stops after the step during which the budget ran out (at least one step),
+    then evaluates and exports as after its last step; the summary says why it stopped."""
+    out, held = tmp_path / "o", tmp_path / "held.jsonl"
+    held.write_text(json.dumps({"id": "h0", "prompt": "float acc = in[i]"}) + "\n")
+    summary = run(tiny, toy_tasks, out, steps=6, max_minutes=1e-6, eval_tasks=str(held), eval_every=0)
+    assert summary["steps"] == 1 and summary["stopped_by_max_minutes"] is True
+    assert [r["step"] for r in read_csv(out / "metrics.csv")] == ["1"]
+    assert [r["step"] for r in read_csv(out / "eval.csv")] == ["0", "1"]
+    assert (Path(summary["final"]) / "model.safetensors").is_file()
+    full = run(tiny, toy_tasks, tmp_path / "full", steps=2)
+    assert full["steps"] == 2 and full["stopped_by_max_minutes"] is False
