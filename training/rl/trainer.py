@@ -23,7 +23,7 @@ import os
 import shutil
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ import torch
 from training.config import NCCL_SAFE_ENV
 from training.rl.config import RLConfig
 from training.rl.metrics import LiveView, compiled, step_row, step_sums, write_curves
+from training.rl.run_state import TrainerState, is_kernelbench_problems_file, latest_checkpoint, step_seed
 from training.rl.schedule import Schedule
 from training.rl.update import PolicyLogps, TraceUpdater, align_deepspeed, full_parameters
 
@@ -58,48 +59,6 @@ def reward_workers(cfg: RLConfig, world: int, cpus: int | None = None) -> int | 
 
 class SkippedStepWarning(RuntimeWarning):
     """A step whose groups were all dropped (every group's rewards equal): no update was made."""
-
-
-def step_seed(seed: int, step: int, rank: int) -> int:
-    """The rollout seed of one process at one step (the same after a resume)."""
-    return (seed * 1_000_003 + step * 7_919 + rank * 104_729) % (2**62)
-
-
-def is_kernelbench_problems_file(path: str | Path) -> bool:
-    """True for KernelBench's problems file (``{level, problem_id, name, code}`` records, as
-    ``dice eval kernelbench --problems-file`` and CuKe's ``heldout_problems.jsonl`` hold)."""
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    return False
-                return isinstance(record, dict) and {"problem_id", "code"} <= set(record)
-    return False
-
-
-def _latest_checkpoint(out: Path) -> Path | None:
-    ckpts = sorted((out / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
-    return ckpts[-1] if ckpts else None
-
-
-@dataclass
-class TrainerState:
-    """What ``trainer_state.json`` restores besides accelerate's state: the step (the schedule position
-    follows from it) and the metrics so far."""
-
-    step: int = 0
-    skipped: int = 0
-    history: list[dict] = field(default_factory=list)
-    eval_history: list[dict] = field(default_factory=list)
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def read(cls, path: Path) -> TrainerState:
-        return cls(**json.loads(path.read_text()))
 
 
 @dataclass
@@ -317,7 +276,7 @@ class RLTrainer:
         cfg = self.cfg
         if not cfg.resume:
             return
-        resume_dir = _latest_checkpoint(self.out) if cfg.resume == "latest" else Path(cfg.resume)
+        resume_dir = latest_checkpoint(self.out) if cfg.resume == "latest" else Path(cfg.resume)
         if resume_dir is None or not resume_dir.is_dir():
             raise RLSetupError(f"--resume {cfg.resume}: no checkpoint found in {self.out / 'checkpoints'}")
         saved = json.loads((resume_dir / "rl_config.json").read_text())
