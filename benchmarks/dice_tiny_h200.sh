@@ -9,6 +9,11 @@
 #   bash benchmarks/dice_tiny_h200.sh sft   # block-diffusion SFT, 8 min of training, export -> $OUT/sft
 #   SFT_CONTINUE=1 bash benchmarks/dice_tiny_h200.sh sft   # the same, from the carried runs/dice-tiny/sft/final
 #   bash benchmarks/dice_tiny_h200.sh rl    # BiC-RL phase infill (compile reward, 16 CPU cores) -> $OUT/rl
+# The sft stage also leaves its export on the device as runs/dice-tiny/sft-next, so an rl call right after
+# it on the same warm machine starts from it without carrying it back (RL_FROM=runs/dice-tiny/sft-next).
+# The carry limit (64 MiB) counts the tracked files too (~30 MB, the shipped model included): to continue
+# from the shipped model, copy engine/models/dice-tiny to runs/dice-tiny/sft/final on the device instead of
+# carrying it (benchmarks/results/dice_tiny_v2_h100.md has the calls as run).
 # The held-out evaluation (benchmarks/tiny_heldout.py, nvcc per candidate) runs back here on the CPU:
 #   bash scripts/build_dice_tiny.sh eval
 set -uo pipefail
