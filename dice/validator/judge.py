@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dice.validator.runtime_guards import rejected, tensors
-from dice.validator.verdict import Verdict
+from dice.validator.verdict import FLAG_SANDBOX_DENIED, Verdict
 
 if TYPE_CHECKING:
     from dice.validator.context import WorkerContext
@@ -62,9 +62,17 @@ class ProtocolViolation(Exception):
 class RunnerFailed(Exception):
     """The runner reported an error or died: ``status`` (runtime_error | compile_error), message, log."""
 
-    def __init__(self, status: str, message: str, log: str = "", records: list[Any] | None = None) -> None:
+    def __init__(
+        self,
+        status: str,
+        message: str,
+        log: str = "",
+        records: list[Any] | None = None,
+        flags: tuple[str, ...] = (),
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.log, self.records = status, message, log, records or []
+        self.flags = flags
 
 
 MAX_BUILDS = 64  # build requests one runner may make
@@ -119,6 +127,7 @@ class RunnerProcess:
                 str(reply.get("message", ""))[:2000],
                 str(reply.get("log", ""))[-20000:],
                 reply.get("records") if isinstance(reply.get("records"), list) else None,
+                _runner_flags(reply.get("flags")),
             )
         if reply.get("event") != event:
             raise ProtocolViolation(f"a {reply.get('event')!r} reply where {event!r} was asked")
@@ -407,8 +416,18 @@ def runner_verdict(exc: RunnerFailed | ProtocolViolation, log: str = "") -> Verd
     if isinstance(exc, ProtocolViolation):
         return rejected("protocol_violation", f"the candidate's process sent {exc}", log=log)
     return Verdict(
-        exc.status, exc.status != "compile_error", message=exc.message, log=(log + "\n" + exc.log).strip()
+        exc.status,
+        exc.status != "compile_error",
+        message=exc.message,
+        log=(log + "\n" + exc.log).strip(),
+        flags=list(exc.flags),
     )
+
+
+def _runner_flags(value: Any) -> tuple[str, ...]:
+    """The flags a runner's error reply may carry: only ``sandbox_denied``, and only on a failure (it comes
+    from the candidate's process, so it may say nothing that could make a verdict better)."""
+    return (FLAG_SANDBOX_DENIED,) if isinstance(value, list) and FLAG_SANDBOX_DENIED in value else ()
 
 
 def runner_rejection(claim: Any) -> Verdict:

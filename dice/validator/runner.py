@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import io
 import json
 import os
@@ -42,8 +43,10 @@ from pathlib import Path
 from typing import Any
 
 from dice.validator.dependence import Watch
+from dice.validator.verdict import FLAG_SANDBOX_DENIED
 
 MAX_REQUEST = 64 << 20
+_DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 class Channel:
@@ -303,12 +306,15 @@ class KernelBenchRunner:
                 )
         except Exception as exc:  # noqa: BLE001 - a build or import failure is the candidate's compile error
             status = "compile_error" if stage.startswith("building") else "runtime_error"
-            self.channel.send(
-                {
-                    **error_reply(0, status, f"{stage} failed: {short(exc)}", traceback.format_exc()),
-                    "records": _plain_records(records),
-                }
-            )
+            reply = error_reply(0, status, f"{stage} failed: {short(exc)}", traceback.format_exc())
+            denied = sandbox_denial(exc, Path(self.args["task_dir"]))
+            if denied is not None:  # the code may be right: say the sandbox stopped it, not the compiler
+                reply["message"] = (
+                    f"{stage} failed: the validator's sandbox denied access to {denied} (a candidate may "
+                    f"write only in its task folder): {short(exc)}"
+                )
+                reply["flags"] = [FLAG_SANDBOX_DENIED]
+            self.channel.send({**reply, "records": _plain_records(records)})
             return False
         self.channel.send(
             {
@@ -489,6 +495,28 @@ def _tensor_leaves(out: Any) -> list[Any]:
     from dice.validator.gpu import flatten
 
     return [x for x in flatten(out) if isinstance(x, torch.Tensor)]
+
+
+def sandbox_denial(exc: BaseException | None, task_dir: Path) -> str | None:
+    """The path the sandbox refused, when ``exc`` or an exception that led to it is a permission error
+    (EACCES, EPERM, EROFS: Landlock, seccomp, bubblewrap's read-only binds) on a path outside ``task_dir``;
+    None for anything else (a denial inside the task folder is the candidate's own doing)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _DENIED and exc.filename is not None:
+            path = Path(os.fsdecode(exc.filename))
+            if not _inside(path, task_dir):  # a relative path is the task folder's (the cwd)
+                return str(path)
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):
+        return False
 
 
 def short(exc: BaseException, limit: int = 600) -> str:

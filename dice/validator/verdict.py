@@ -32,6 +32,9 @@ FLAG_TIMING_STOPPED = "timing_stopped_early"
 GPU_LOCK_LINE = "gpu lock:"
 # The workspace is not trusted: nothing from it (dice-spec, KernelBench reference or candidate) was run.
 FLAG_NOT_TRUSTED = "workspace_not_trusted"
+# The candidate's build was stopped by the validator's sandbox (it reached outside its task folder, e.g. a
+# load_inline build_directory in /tmp): status compile_error, but nothing says the code itself is wrong.
+FLAG_SANDBOX_DENIED = "sandbox_denied"
 # Set by the assistant (mark_unchecked) on a fill that lies in code no compiler type-checked.
 FLAG_FILL_NOT_CHECKED = "fill_not_checked"
 _WORDED_FLAGS = (FLAG_NOT_RUN, FLAG_FILL_NOT_CHECKED, FLAG_NOT_TRUSTED)  # flags the label says in words
@@ -173,6 +176,8 @@ def verdict_label(verdict: Verdict | Mapping[str, Any] | None) -> str:
         text = "compiled ✓ · not run: workspace not trusted"
     elif status == "compiled":
         text = "compiled ✓ · not run"
+    elif status == "compile_error" and FLAG_SANDBOX_DENIED in (v.get("flags") or []):
+        text = "not built: denied by the validator's sandbox"
     elif status == "compile_error":
         text = "compiled ✗"
     elif status == "runtime_error":
@@ -184,14 +189,19 @@ def verdict_label(verdict: Verdict | Mapping[str, Any] | None) -> str:
         text = f"rejected: {reason}" if reason else "rejected"
     else:
         text = str(status or "not validated")
-    flags = [
-        f
-        for f in v.get("flags") or []
-        if f not in _WORDED_FLAGS or (f != FLAG_NOT_RUN and status != "compiled")
-    ]
+    flags = [f for f in v.get("flags") or [] if not _flag_in_words(f, status)]
     if flags:
         text += " · flags: " + ", ".join(flags)
     return text
+
+
+def _flag_in_words(flag: str, status: Any) -> bool:
+    """Whether the label's words already say ``flag`` (then it is not listed again after them)."""
+    if flag == FLAG_NOT_RUN:
+        return True
+    if flag in _WORDED_FLAGS:
+        return status == "compiled"
+    return flag == FLAG_SANDBOX_DENIED and status == "compile_error"
 
 
 def _number(v: Mapping[str, Any], key: str) -> Any:

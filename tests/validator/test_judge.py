@@ -379,3 +379,56 @@ def test_draws_name_the_seed_each_round_was_drawn_from(monkeypatch: pytest.Monke
     rotated = judge_module.Draws(lambda seed: [seed], 5)
     assert [rotated(i) for i in range(5)] == [[rotated.seed(i)] for i in range(5)] == [[rotated.seeds[0]]] * 5
     assert rotated.describe.startswith("1 input set(s) rotated over 5 rounds")
+
+
+def test_a_build_the_sandbox_denies_is_said_to_be_the_sandboxs(judge, tmp_path: Path) -> None:
+    """A candidate whose build writes outside its task folder (CUDA-L1's L3P43 puts its load_inline sources
+    in /tmp/cuda_extensions) is not built; the verdict says the sandbox stopped it, not the compiler."""
+    import os
+
+    from dice.validator.verdict import verdict_label
+
+    if sandbox.landlock_abi() == 0:
+        pytest.skip("no Landlock here: the runner's writes are not confined to its task folder")
+    outside = tmp_path / "cuda_extensions"  # the test's folder: outside the runner's task folder
+    v = judged(judge, cand(f"import os\nos.makedirs({str(outside)!r}, exist_ok=True)\n"))
+    assert v.status == "compile_error" and v.flags == ["sandbox_denied"], v.message
+    assert f"sandbox denied access to {outside}" in v.message and "PermissionError" in v.message
+    assert verdict_label(v.to_json()) == "not built: denied by the validator's sandbox"
+    assert not os.path.exists(outside)
+    # an error of the code itself stays a plain compile error
+    v = judged(judge, cand("import os\nos.makedirs('')\n"))
+    assert v.status == "compile_error" and v.flags == [] and "sandbox" not in v.message
+    assert verdict_label(v.to_json()) == "compiled ✗"
+
+
+def test_sandbox_denial_names_only_permission_errors_outside_the_task_folder(tmp_path: Path) -> None:
+    import errno
+
+    from dice.validator.runner import sandbox_denial
+
+    task = tmp_path / "task"
+    task.mkdir()
+    outside = PermissionError(errno.EACCES, "Permission denied", "/tmp/cuda_extensions")
+    assert sandbox_denial(outside, task) == "/tmp/cuda_extensions"
+    assert sandbox_denial(OSError(errno.EROFS, "Read-only file system", "/usr/lib/x"), task) == "/usr/lib/x"
+    inside = PermissionError(errno.EACCES, "Permission denied", str(task / "build" / "x.so"))
+    assert sandbox_denial(inside, task) is None
+    assert sandbox_denial(FileNotFoundError(errno.ENOENT, "No such file", "/tmp/x"), task) is None
+    assert sandbox_denial(PermissionError(errno.EPERM, "Operation not permitted"), task) is None  # no path
+    try:  # raised from inside a build step: the chain is followed
+        try:
+            raise outside
+        except PermissionError as exc:
+            raise RuntimeError("Error building extension") from exc
+    except RuntimeError as chained:
+        assert sandbox_denial(chained, task) == "/tmp/cuda_extensions"
+
+
+def test_a_runner_can_only_add_the_sandbox_flag_to_a_failure() -> None:
+    from dice.validator.judge import RunnerFailed, _runner_flags, runner_verdict
+
+    assert _runner_flags(["sandbox_denied", "speedup_over_10x"]) == ("sandbox_denied",)
+    assert _runner_flags(["cached_verdict"]) == () and _runner_flags("sandbox_denied") == ()
+    v = runner_verdict(RunnerFailed("compile_error", "m", flags=("sandbox_denied",)))
+    assert (v.status, v.compiled, v.flags) == ("compile_error", False, ["sandbox_denied"])
