@@ -328,7 +328,7 @@ class _Loop:
             logits = self.runner.step(self.cache, ids, ids_pos, start, bs)  # (B, bs, V)
             logits[..., s.mask_id] = float("-inf")  # the mask token is never a prediction
             if self.banned is not None:
-                logits = logits.masked_fill(self.banned, float("-inf"))
+                logits.masked_fill_(self.banned, float("-inf"))
             tokens, confidence, entropy = sample_tokens(
                 logits, s.sampling, self.generator, need_entropy=self.need_entropy
             )

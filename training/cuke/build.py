@@ -281,6 +281,8 @@ def _validate(
     budget = None if deadline is None else max(0.0, deadline - time.monotonic())
     kept = []
     answered: set[int] = set()
+    # the source pairs' funnel; shape variants and teacher kernels have rows of their own ("aug_")
+    stage = "" if phase == "pairs" else "aug_"
     try:
         for pair, chk in validate_pairs(
             ordered(pairs, cfg.order, cfg.min_speedup),
@@ -296,8 +298,6 @@ def _validate(
         ):
             answered.add(id(pair))
             src = pair.source
-            # the source pairs' funnel; shape variants and teacher kernels have rows of their own ("aug_")
-            stage = "" if phase == "pairs" else "aug_"
             rep.count(stage + "validated", src)
             if phase == "pairs":
                 rep.statuses[chk.status] += 1
@@ -318,7 +318,7 @@ def _validate(
         cache.close()
     for pair in pairs:
         if pair.cuda_code is not None and id(pair) not in answered:
-            rep.count("pending" if phase == "pairs" else "aug_pending", pair.source)
+            rep.count(stage + "pending", pair.source)
     rep.validation[phase] = stats.to_json() | {"cached": len(answered) - stats.finished}
     return kept
 

@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Literal
 from training.rl.tasks import Task, infill_plan
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from engine.engine import Engine
     from engine.infill import InfillPlan
 
@@ -292,7 +294,7 @@ def rollout_chunks(
             stop_ids=[],
             seed=chunk_seed(settings.seed, c),
             until=lambda row, ids, w=watches: w[row](ids),
-            allowed=None if scopes is None else _stack([scopes[t] for t in row_tasks]),
+            allowed=None if scopes is None else scopes[row_tasks],
         )
         made = [
             _make_rollout(tasks[t], sample, prompts[t], ids, steps, stopped, stop_ids, tok.decode)
@@ -308,20 +310,14 @@ def rollout_chunks(
         yield done
 
 
-def _scope_masks(engine: Engine, tasks: Sequence[Task]) -> list:
-    """Per task, the tokens its rollouts may use: the prompt's words (``engine.scope``) for ``.cu`` infill
-    tasks, as the assistant fills the same model's holes; every token for the other kinds (a whole program
-    names new kernels and a KernelBench-format fill writes a new source string)."""
+def _scope_masks(engine: Engine, tasks: Sequence[Task]) -> Tensor:
+    """(tasks, V) bool, the tokens each task's rollouts may use: the prompt's words (``engine.scope``) for
+    ``.cu`` infill tasks, as the assistant fills the same model's holes; every token for the other kinds (a
+    whole program names new kernels and a KernelBench-format fill writes a new source string)."""
     import torch
 
     everything = torch.ones(engine.tokenizer.vocab_size, dtype=torch.bool)
-    return [engine.scope_mask(t.prompt) if t.kind == "cu_infill" else everything for t in tasks]
-
-
-def _stack(masks: list) -> object:
-    import torch
-
-    return torch.stack(masks)
+    return torch.stack([engine.scope_mask(t.prompt) if t.kind == "cu_infill" else everything for t in tasks])
 
 
 def rows_within_budget(

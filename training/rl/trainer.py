@@ -81,7 +81,7 @@ class RLTrainer:
         self.out = Path(cfg.out)
         self.state = TrainerState()
         self.started = time.perf_counter()
-        self.stopped_at: int | None = None  # the step after which --max-minutes stopped the run
+        self.stopped_by_time = False  # --max-minutes ended the run before --steps
 
     # ---------------------------------------------------------------------------------------------- setup
 
@@ -347,7 +347,7 @@ class RLTrainer:
             while s.step < total:
                 if s.step > first and self._out_of_time(started):
                     acc.print(f"rl: --max-minutes {cfg.max_minutes:g} reached after step {s.step} of {total}")
-                    self.stopped_at = s.step
+                    self.stopped_by_time = True
                     break
                 s.step += 1
                 row = self.train_step(s.step)
@@ -555,7 +555,7 @@ class RLTrainer:
             "phase": cfg.phase,
             "steps": s.step,
             "skipped_steps": s.skipped,
-            "stopped_by_max_minutes": self.stopped_at is not None,
+            "stopped_by_max_minutes": self.stopped_by_time,
             "tasks_too_long": getattr(self, "too_long", {}),
             "last": s.history[-1] if s.history else None,
             "eval_before": s.eval_history[0] if s.eval_history else None,
