@@ -8,6 +8,8 @@
 #   (the second call also carries the first's sft/final, copied back to runs/dice-tiny/sft/final):
 #   bash benchmarks/dice_tiny_h200.sh sft   # block-diffusion SFT, 8 min of training, export -> $OUT/sft
 #   SFT_CONTINUE=1 bash benchmarks/dice_tiny_h200.sh sft   # the same, from the carried runs/dice-tiny/sft/final
+#   PACK=1 ... sft   # pack the training rows on the device first (carry runs/dice-tiny-data/train.jsonl.gz and
+#                    #   train_files.jsonl.gz instead of train_rows.npz: with the plain-code rows it is 33 MB)
 #   bash benchmarks/dice_tiny_h200.sh rl    # BiC-RL phase infill (compile reward, 16 CPU cores) -> $OUT/rl
 # The sft stage also leaves its export on the device as runs/dice-tiny/sft-next, so an rl call right after
 # it on the same warm machine starts from it without carrying it back (RL_FROM=runs/dice-tiny/sft-next).
@@ -41,7 +43,7 @@ sft)
         [[ -d runs/dice-tiny/sft/final ]] || { echo "carry runs/dice-tiny/sft/final" && exit 2; }
         export SFT_FROM=runs/dice-tiny/sft/final
     fi
-    RUN=$OUT SFT_MINUTES=${SFT_MINUTES:-8} timeout 570 bash scripts/build_dice_tiny.sh train 2>&1 \
+    RUN=$OUT SFT_MINUTES=${SFT_MINUTES:-8} timeout "${SFT_TIMEOUT:-570}" bash scripts/build_dice_tiny.sh train 2>&1 \
         | tee "$OUT/sft.log" | grep -v "━" | tail -40
     rm -rf "$OUT/sft/checkpoints"  # the resumable state: not needed back here
     # kept on the device for a following `rl` call on the same warm machine (RL_FROM=runs/dice-tiny/sft-next)

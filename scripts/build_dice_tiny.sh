@@ -6,12 +6,16 @@
 #                                        #   pairs (split by problem); BPE tokenizer; packed rows
 #   scripts/build_dice_tiny.sh rltasks   # CPU (~5 min): .cu infill tasks (holes NVRTC can check) of the
 #                                        #   training files (RL) and of the held-out files (RL's evaluation)
+#   scripts/build_dice_tiny.sh pack      # CPU: only the training rows again (what corpus ends with); the rows
+#                                        #   hold the training files as plain code too unless CODE_LM=0
 #   scripts/build_dice_tiny.sh train     # GPU: block-diffusion SFT from random init (SFT_FROM=DIR: from that
-#                                        #   checkpoint instead, a fresh LR schedule: more training for a model)
+#                                        #   checkpoint instead, a fresh LR schedule: more training for a model;
+#                                        #   PACK=1: pack the rows first, when they are not there)
 #   scripts/build_dice_tiny.sh rl        # GPU: BiC-RL phase infill from the SFT model, compile reward
 #   scripts/build_dice_tiny.sh eval      # CPU: held-out holes of never-seen projects, validated as the product
 #                                        #   validates (benchmarks/tiny_heldout.py), SFT and RL models; latency
 #   scripts/build_dice_tiny.sh ship      # copy the chosen model (SHIP=rl|sft) into engine/models/dice-tiny
+#                                        #   (SFT_CHAIN="RUN1 RUN2 ...": the SFT runs that continued each other)
 #   scripts/build_dice_tiny.sh smoke     # CPU: every stage above on a slice, a few steps (checks the script;
 #                                        #   SMOKE=1 with one stage name runs that stage of it)
 #
@@ -52,15 +56,27 @@ if [[ $stage == smoke || ${SMOKE:-0} == 1 ]]; then
     RL_EXTRA=(--group-size 2 --max-new-tokens 16 --rollout-rows 4 --micro-batch-size 2 --device cpu
         --validator-workers 2)
 fi
+# The training rows; PACK=1: packed by the train stage when absent (on the device: the .npz with the
+# plain-code rows is over the carry limit), as safetensors (no compression time).
+[[ ${PACK:-0} == 1 ]] && TRAIN_ROWS=${TRAIN_ROWS:-$WORK/train_rows.safetensors}
+TRAIN_ROWS=${TRAIN_ROWS:-$WORK/train_rows.npz}
 
 corpus() {
     "$PY" -m dice train corpus --data-dir "$DATA" --out "$WORK" --seed 0 --heldout-fraction 0.08 \
         --cu-variants 16 --holes-per-kb 1.0 --max-holes-per-file 32 --tokenizer-vocab 8192 \
         --model-template "$MODEL" "${CORPUS_EXTRA[@]}"
-    for split in train heldout; do
-        "$PY" -m dice train pack --examples "$WORK/$split.jsonl.gz" --tokenizer "$WORK/tokenizer" \
-            --seq-len "$SEQ_LEN" --block-size 4 --out "$WORK/${split}_rows.npz"
-    done
+    pack_rows train "$TRAIN_ROWS"
+    "$PY" -m dice train pack --examples "$WORK/heldout.jsonl.gz" --tokenizer "$WORK/tokenizer" \
+        --seq-len "$SEQ_LEN" --block-size 4 --out "$WORK/heldout_rows.npz"
+}
+
+pack_rows() {  # SPLIT OUT: the split's examples, and (CODE_LM=1, the default) its files as plain-code rows:
+    # the pre-training half a from-scratch model otherwise lacks (the held-out rows stay infill only, so
+    # their loss compares across builds)
+    local code=()
+    [[ ${CODE_LM:-1} == 1 ]] && code=(--code-files "$WORK/$1_files.jsonl.gz")
+    "$PY" -m dice train pack --examples "$WORK/$1.jsonl.gz" --tokenizer "$WORK/tokenizer" \
+        --seq-len "$SEQ_LEN" --block-size 4 --out "$2" "${code[@]}"
 }
 
 rltasks() {
@@ -78,9 +94,13 @@ train() {
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     local init=(--init-config "$WORK/init_config.json")
     [[ -n ${SFT_FROM:-} ]] && init=(--model "$SFT_FROM")
-    "$PY" -m dice train sft --data "$WORK/train_rows.npz" --eval-data "$WORK/heldout_rows.npz" \
+    if [[ ${PACK:-0} == 1 && ! -s $TRAIN_ROWS ]]; then
+        local t0=$SECONDS
+        pack_rows train "$TRAIN_ROWS" | tail -12 && echo "packed $TRAIN_ROWS in $((SECONDS - t0)) s"
+    fi
+    "$PY" -m dice train sft --data "$TRAIN_ROWS" --eval-data "$WORK/heldout_rows.npz" \
         "${init[@]}" --tokenizer "$WORK/tokenizer" --out "$RUN/sft" \
-        --seq-len "$SEQ_LEN" --seed 0 --micro-batch-size 16 --lr 2e-3 --min-lr-ratio 0.1 --warmup-ratio 0.03 \
+        --seq-len "$SEQ_LEN" --seed 0 --micro-batch-size 16 --lr "${SFT_LR:-2e-3}" --min-lr-ratio 0.1 --warmup-ratio 0.03 \
         --weight-decay 0.1 --max-steps "$SFT_STEPS" --max-minutes "$SFT_MINUTES" --lr-schedule time --log-every 20 \
         --eval-every 2000 --eval-rows 128 --final-eval-rows 512 --save-dtype bfloat16 "${SFT_EXTRA[@]}"
 }
@@ -116,13 +136,23 @@ ship() {
     # the resolved SFT configuration (an RL export carries its rl_config.json as well)
     for f in sft_config.json rl_config.json; do [[ -f $src/$f ]] && cp "$src/$f" "$dest.new/"; done
     [[ -f $dest.new/sft_config.json ]] || cp "$RUN/sft/final/sft_config.json" "$dest.new/"
-    cp "$RUN/sft/"{loss_curve.csv,eval_curve.csv,loss_curve.png,summary.json} "$dest.new/"
+    if [[ -n ${SFT_CHAIN:-} ]]; then
+        # SFT_CHAIN="DIR1 DIR2 ...": the SFT runs that continued each other (SFT_FROM), the first from random
+        # init: one set of curves and sft_stages.json (each run's configuration and summary)
+        # shellcheck disable=SC2086
+        "$PY" benchmarks/join_sft_curves.py --runs $SFT_CHAIN --out "$dest.new/" \
+            --stages-out "$dest.new/sft_stages.json"
+        cp "${SFT_CHAIN##* }/summary.json" "$dest.new/"
+    else
+        cp "$RUN/sft/"{loss_curve.csv,eval_curve.csv,loss_curve.png,summary.json} "$dest.new/"
+    fi
     [[ -f $dest/MODEL_CARD.md ]] && cp "$dest/MODEL_CARD.md" "$dest.new/"
     rm -rf "$dest" && mv "$dest.new" "$dest"
 }
 
 case $stage in
     corpus) corpus ;;
+    pack) pack_rows train "$TRAIN_ROWS" ;;
     rltasks) rltasks ;;
     train) train ;;
     rl) rl ;;
@@ -131,5 +161,5 @@ case $stage in
     gpu) train && rl ;;
     smoke) corpus && rltasks && train && rl && evaluate ;;
     all) corpus && rltasks && train && rl && evaluate && ship ;;
-    *) echo "unknown stage $stage (corpus|rltasks|train|rl|eval|ship|gpu|smoke|all)" >&2 && exit 2 ;;
+    *) echo "unknown stage $stage (corpus|pack|rltasks|train|rl|eval|ship|gpu|smoke|all)" >&2 && exit 2 ;;
 esac

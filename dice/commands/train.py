@@ -32,6 +32,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     pack.add_argument("--seq-len", type=int, default=4096, help="row length in tokens")
     pack.add_argument("--block-size", type=int, default=4)
     pack.add_argument("--out", type=Path, required=True, help="rows file (.npz compressed, or .safetensors)")
+    pack.add_argument(
+        "--code-files",
+        type=Path,
+        action="append",
+        default=[],
+        help="also plain code as language-model rows (no prompt, loss on every token): a .jsonl(.gz) of "
+        'files with a "text" field, e.g. the corpus\' train_files.jsonl.gz (repeatable)',
+    )
     pack.set_defaults(func=run_pack)
 
     from training.config import SFTConfig
@@ -251,14 +259,22 @@ def run_corpus(args: argparse.Namespace) -> int:
 
 def run_pack(args: argparse.Namespace) -> int:
     from engine.tokenizer import load_tokenizer
-    from training.corpus import read_examples, tokenize_and_pack
+    from training.corpus import read_code_texts, read_examples, tokenize_and_pack
 
     check_input_file(args.examples, what="examples file", max_bytes=safeio.DATA_LIMIT)
+    for path in args.code_files:
+        check_input_file(path, what="code files", max_bytes=safeio.DATA_LIMIT)
+    try:
+        examples = read_examples(args.examples)
+        code_texts = [text for path in args.code_files for text in read_code_texts(path)]
+    except (ValueError, OSError) as exc:  # bad JSON, a record without its fields, a broken .gz
+        raise CliError(f"cannot read the data: {exc}") from exc
     rows, stats = tokenize_and_pack(
-        read_examples(args.examples),
+        examples,
         load_tokenizer(args.tokenizer),
         seq_len=args.seq_len,
         block_size=args.block_size,
+        code_texts=code_texts,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows.save(args.out)

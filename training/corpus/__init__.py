@@ -23,11 +23,12 @@ from training.corpus.build import (
     split_groups,
 )
 from training.corpus.cuts import INFILL_KINDS, CudaString, InfillCut, cuda_strings, infill_cuts
-from training.corpus.examples import TASKS, Example, read_examples
+from training.corpus.examples import TASKS, Example, read_code_texts, read_examples
 from training.corpus.packing import (
     ChatSpecials,
     PackedRows,
     chat_sequence,
+    code_sequences,
     encode_example,
     pack,
     tokenize_and_pack,
@@ -51,6 +52,7 @@ __all__ = [
     "build_corpus",
     "build_examples",
     "chat_sequence",
+    "code_sequences",
     "cuda_strings",
     "encode_example",
     "infill_cuts",
@@ -58,6 +60,7 @@ __all__ = [
     "pack",
     "problem_key",
     "read_all",
+    "read_code_texts",
     "read_cuda_l1",
     "read_examples",
     "read_kernelbench",

@@ -67,3 +67,18 @@ def read_examples(path: Path) -> list[Example]:
     """Examples from a .jsonl (or .jsonl.gz) file."""
     with open_text(Path(path)) as fh:
         return [Example.from_json(line) for line in fh if line.strip()]
+
+
+def read_code_texts(path: Path) -> list[str]:
+    """The ``text`` of every record of a .jsonl(.gz) of files (the cuda-corpus schema, as
+    ``dice train corpus`` writes ``train_files.jsonl.gz``)."""
+    out = []
+    with open_text(Path(path)) as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                raise ValueError(f"{path}:{n}: a file record needs a 'text' string")
+            out.append(record["text"])
+    return out

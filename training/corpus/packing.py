@@ -157,10 +157,61 @@ def pack(
     return PackedRows(input_ids, position_ids, doc_ids, loss_mask), dropped
 
 
+def code_sequences(
+    texts: Sequence[str], tokenizer, *, seq_len: int, block_size: int
+) -> tuple[list[tuple[list[int], list[bool]]], dict]:
+    """Plain code as block-diffusion language-model sequences: no prompt, loss on every token.
+
+    A model trained from random init on infill examples alone learns code only from their middles (about 3 %
+    of the tokens it reads); these sequences are the pre-training half it otherwise lacks. Each text is cut
+    at line ends into chunks whose sequence (chunk, ``<|im_end|>\n``, eos padding) fits ``seq_len``; the
+    chunks of a text are its lines in order, so together they are the whole text. A chunk that still does
+    not fit (one line longer than a row) is left out and counted.
+    """
+    specials = ChatSpecials(eos_id=tokenizer.eos_id, im_end_id=tokenizer.im_end_id)
+    newline = tokenizer.encode("\n")
+    budget = seq_len - 1 - len(newline) - (block_size - 1)
+    # Token counts per line (a line encoded alone has about as many tokens as inside the text: the
+    # pre-tokenizer splits at line ends) group the lines under 90 % of the budget; each chunk is then
+    # encoded whole and checked against the budget.
+    chunks: list[str] = []
+    for text in texts:
+        lines = text.splitlines(keepends=True)
+        first = len(chunks)
+        current: list[str] = []
+        size = 0
+        for line, ids in zip(lines, tokenizer.encode_batch(lines), strict=True):
+            if current and size + len(ids) > 0.9 * budget:
+                chunks.append("".join(current))
+                current, size = [], 0
+            current.append(line)
+            size += len(ids)
+        rest = "".join(current)
+        if rest.strip():
+            chunks.append(rest)
+        elif len(chunks) > first:
+            chunks[-1] += rest  # trailing blank lines stay with the text's last chunk
+    seqs, dropped, tokens = [], 0, 0
+    for ids in tokenizer.encode_batch(chunks):
+        if len(ids) > budget:
+            dropped += 1
+            continue
+        seqs.append(chat_sequence([], ids, specials, block_size, newline))
+        tokens += len(ids)
+    stats = {"code_texts": len(texts), "code_chunks": len(seqs), "code_tokens": tokens}
+    return seqs, {**stats, "code_dropped": dropped}
+
+
 def tokenize_and_pack(
-    examples: Sequence[Example], tokenizer, *, seq_len: int, block_size: int
+    examples: Sequence[Example],
+    tokenizer,
+    *,
+    seq_len: int,
+    block_size: int,
+    code_texts: Sequence[str] = (),
 ) -> tuple[PackedRows, dict]:
-    """Encode with an ``engine.tokenizer.Tokenizer`` and pack. Returns rows and counts for the log."""
+    """Encode with an ``engine.tokenizer.Tokenizer`` and pack, with ``code_texts`` as plain-code sequences
+    (:func:`code_sequences`) beside the examples. Returns rows and counts for the log."""
     specials = ChatSpecials(eos_id=tokenizer.eos_id, im_end_id=tokenizer.im_end_id)
     newline = tokenizer.encode("\n")
     prompts = tokenizer.encode_batch([ex.prompt for ex in examples])
@@ -168,9 +219,14 @@ def tokenize_and_pack(
     seqs = [
         chat_sequence(p, r, specials, block_size, newline) for p, r in zip(prompts, responses, strict=True)
     ]
+    code_stats: dict = {}
+    if code_texts:
+        code, code_stats = code_sequences(code_texts, tokenizer, seq_len=seq_len, block_size=block_size)
+        seqs += code
     rows, dropped = pack(seqs, seq_len, block_size, tokenizer.eos_id)
     kept_tokens = sum(len(s[0]) for s in seqs if len(s[0]) <= seq_len)
     stats = {
+        **code_stats,
         "examples": len(examples),
         "dropped_longer_than_seq_len": dropped,
         "rows": len(rows),
