@@ -250,10 +250,14 @@ def _innermost(functions: list[FunctionInfo], byte_offset: int) -> FunctionInfo 
 
 
 def _recovered_inside_literal(node: tree_sitter.Node, data: bytes) -> bool:
-    """Whether a comment tree-sitter found inside an ERROR node is really inside a literal there."""
+    """Whether a comment tree-sitter found inside an ERROR node, or right after one, is really inside a
+    literal there (error recovery may leave a literal's opening quote in an ERROR node just before a comment
+    it then lexes out of the literal's inside: ``x;}'<'"/* <MASK> */"``)."""
     error = node.parent
     while error is not None and error.type != "ERROR":
         error = error.parent
+    if error is None and node.prev_sibling is not None and node.prev_sibling.type == "ERROR":
+        error = node.prev_sibling
     return error is not None and lexed_inside_literal(data, error.start_byte, node.start_byte)
 
 
