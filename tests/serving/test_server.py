@@ -198,9 +198,14 @@ def test_dropped_stream_cancels_its_generation(served):
 
 
 def test_ignore_eos_runs_to_max_tokens(served, tiny_engine):
-    """The model's own stop ids end a choice (this prompt ends after a few hundred tokens) unless
-    ``ignore_eos`` says otherwise (vLLM's field)."""
-    body = {"prompt": PROMPT, "max_tokens": 600, "temperature": 0, "stop": []}
+    """The model's own stop ids end a choice unless ``ignore_eos`` says otherwise (vLLM's field). The prompt
+    is an infilling prompt: the model writes the middle and the suffix's first line, then ``<|im_end|>``
+    (plain code, as ``PROMPT``, it may continue past any length)."""
+    from engine.infill import InfillPlan
+
+    head = "__global__ void relu_kernel(const float* x, float* y, int n) {\n"
+    prompt = InfillPlan.make(head + "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n", "}\n").prompt_text
+    body = {"prompt": prompt, "max_tokens": 600, "temperature": 0, "stop": []}
     ended = httpx.post(served.url + "/v1/completions", json=body, timeout=120).json()
     assert ended["choices"][0]["finish_reason"] == "stop"
     assert ended["usage"]["completion_tokens"] < 600

@@ -52,6 +52,21 @@ def test_size_budget_and_model_card() -> None:
         params = sum(math.prod(f.get_slice(k).get_shape()) for k in names)
     assert f"{params:,} (embedding" in card
     sft = json.loads((DICE_TINY / "sft_config.json").read_text())  # the resolved training configuration
-    assert sft["init_config"] and sft["model"] is None  # trained from random initialisation
+    stages_file = DICE_TINY / "sft_stages.json"
+    if stages_file.exists():  # SFT runs that continued each other: the first from random init
+        stages = json.loads(stages_file.read_text())
+        first, *later = stages
+        assert first["sft_config"]["init_config"] and first["sft_config"]["model"] is None
+        assert later
+        for st in later:  # each continued from a checkpoint
+            assert st["sft_config"]["model"] and st["sft_config"]["init_config"] is None
+        assert stages[-1]["sft_config"] == sft
+        assert stages[-1]["summary"] == json.loads((DICE_TINY / "summary.json").read_text())
+        steps = [st["first_step"] for st in stages]
+        assert steps == sorted(steps) and steps[0] == 0
+        for st in stages:
+            assert f"{st['summary']['steps']:,}" in card  # the card names every stage
+    else:
+        assert sft["init_config"] and sft["model"] is None  # trained from random initialisation
     if (DICE_TINY / "dice.json").exists():  # the hole cut the model was trained on, read by the assistant
         assert json.loads((DICE_TINY / "dice.json").read_text())["infill_holes"] in ("line", "byte")
