@@ -10,59 +10,12 @@ as JSON, each run's resolved ``sft_config.json`` and ``summary.json`` (what a mo
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import shutil
 import tempfile
 from pathlib import Path
 
-from training.curves import write_curves
-
-
-def read_csv(path: Path) -> list[dict]:
-    with open(path, newline="") as fh:
-        return [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(fh)]
-
-
-def _number(value: str) -> float | int | str:
-    for kind in (int, float):
-        try:
-            return kind(value)
-        except ValueError:
-            pass
-    return value
-
-
-def _json(run: Path, name: str) -> dict | None:
-    """``name`` in the run folder or in its ``final/`` export (a model folder has it at the top)."""
-    for path in (run / name, run / "final" / name):
-        if path.is_file():
-            return json.loads(path.read_text())
-    return None
-
-
-def join(runs: list[Path]) -> tuple[list[dict], list[dict], list[dict]]:
-    """(loss history, evaluations, stages) of the chain, steps counted from the first run's start."""
-    history: list[dict] = []
-    evals: list[dict] = []
-    stages: list[dict] = []
-    offset = 0
-    for run in runs:
-        loss = read_csv(run / "loss_curve.csv")
-        history += [{"run": run.name, **h, "step": h["step"] + offset} for h in loss]
-        rows = read_csv(run / "eval_curve.csv")
-        evals += [{"run": run.name, **e, "step": e["step"] + offset} for e in rows]
-        summary = _json(run, "summary.json") or {}
-        stages.append(
-            {
-                "run": run.name,
-                "first_step": offset,
-                "sft_config": _json(run, "sft_config.json"),
-                "summary": summary,
-            }
-        )
-        offset += int(summary.get("steps") or max(h["step"] for h in loss))  # the log keeps every Nth step
-    return history, evals, stages
+from training.curves import join_runs, write_curves
 
 
 def main() -> None:
@@ -71,7 +24,7 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="path prefix of the three files, or a folder ending in /")
     ap.add_argument("--stages-out", type=Path, help="JSON file for the chain's configurations and summaries")
     args = ap.parse_args()
-    history, evals, stages = join(args.runs)
+    history, evals, stages = join_runs(args.runs)
     if args.out.endswith("/"):
         names = {n: Path(args.out) / n for n in ("loss_curve.csv", "eval_curve.csv", "loss_curve.png")}
     else:

@@ -66,7 +66,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
-import csv
 import dataclasses
 import json
 import os
@@ -353,19 +352,11 @@ def prompt_stats(args: argparse.Namespace, model: str, tasks: Path, run: Path) -
     }
 
 
-def _num(value: str) -> Any:
-    for kind in (int, float):
-        with contextlib.suppress(ValueError):
-            return kind(value)
-    return value
-
-
 def read_metrics(run: Path) -> list[dict]:
+    from training.curves import read_curve
+
     path = run / "metrics.csv"
-    if not path.is_file():
-        return []
-    with open(path, newline="") as fh:
-        return [{k: _num(v) for k, v in row.items()} for row in csv.DictReader(fh)]
+    return read_curve(path) if path.is_file() else []
 
 
 def compile_seconds() -> float | None:
