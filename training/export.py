@@ -1,4 +1,5 @@
-"""Writing a trained model in the engine's format (``out/final``), for ``dice train sft`` and ``rl`` alike."""
+"""Writing a trained model in the engine's format (``out/final``), and finding a run's newest checkpoint, for
+``dice train sft`` and ``rl`` alike."""
 
 from __future__ import annotations
 
@@ -6,6 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    """The newest ``checkpoints/step_N`` folder of a run (None: none yet)."""
+    ckpts = sorted((out / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    return ckpts[-1] if ckpts else None
 
 
 def export_engine_format(

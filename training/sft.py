@@ -32,6 +32,7 @@ from torch import Tensor
 
 from training.config import NCCL_SAFE_ENV, SFTConfig
 from training.curves import write_curves
+from training.export import export_engine_format, latest_checkpoint
 from training.objective import BlockDiffusionLM, attention_mask_for, compile_layers, noise_rows
 from training.rows import EpochPermutation, RowDataset, load_rows
 
@@ -59,11 +60,6 @@ def _lr_lambda(total: int, warmup: int, floor: float, time_fraction=None, warmup
         return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, max(0.0, progress))))
 
     return f
-
-
-def _latest_checkpoint(out: Path) -> Path | None:
-    ckpts = sorted((out / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
-    return ckpts[-1] if ckpts else None
 
 
 def build_model(cfg: SFTConfig, device: torch.device | str = "cpu"):
@@ -267,7 +263,7 @@ class SFTRecipe:
         cfg = self.cfg
         if not cfg.resume:
             return
-        resume_dir = _latest_checkpoint(self.out) if cfg.resume == "latest" else Path(cfg.resume)
+        resume_dir = latest_checkpoint(self.out) if cfg.resume == "latest" else Path(cfg.resume)
         if resume_dir is None or not resume_dir.is_dir():
             raise FileNotFoundError(f"--resume {cfg.resume}: no checkpoint found")
         self.accelerator.load_state(str(resume_dir))
@@ -471,8 +467,6 @@ class SFTRecipe:
 
     def export_final(self) -> Path:
         """The trained model in the engine's format (``out/final``), with tokenizer, config and curve."""
-        from training.export import export_engine_format
-
         cfg, acc = self.cfg, self.accelerator
         final = self.out / "final"
         if export_engine_format(

@@ -28,12 +28,6 @@ def is_kernelbench_problems_file(path: str | Path) -> bool:
     return False
 
 
-def latest_checkpoint(out: Path) -> Path | None:
-    """The newest ``checkpoints/step_N`` folder of a run (None: none yet)."""
-    ckpts = sorted((out / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
-    return ckpts[-1] if ckpts else None
-
-
 @dataclass
 class TrainerState:
     """What ``trainer_state.json`` restores besides accelerate's state: the step (the schedule position

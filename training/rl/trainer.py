@@ -30,9 +30,10 @@ from typing import Any
 import torch
 
 from training.config import NCCL_SAFE_ENV
+from training.export import export_engine_format, latest_checkpoint
 from training.rl.config import RLConfig
 from training.rl.metrics import LiveView, compiled, step_row, step_sums, write_curves
-from training.rl.run_state import TrainerState, is_kernelbench_problems_file, latest_checkpoint, step_seed
+from training.rl.run_state import TrainerState, is_kernelbench_problems_file, step_seed
 from training.rl.schedule import Schedule
 from training.rl.update import PolicyLogps, TraceUpdater, align_deepspeed, full_parameters
 
@@ -528,8 +529,6 @@ class RLTrainer:
 
     def export_final(self) -> Path:
         """The trained model in the engine's format (``out/final``), with tokenizer, config and curves."""
-        from training.export import export_engine_format
-
         cfg, acc = self.cfg, self.accelerator
         final = self.out / "final"
         if export_engine_format(
