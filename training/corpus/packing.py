@@ -198,8 +198,7 @@ def code_sequences(
             continue
         seqs.append(chat_sequence([], ids, specials, block_size, newline))
         tokens += len(ids)
-    stats = {"code_texts": len(texts), "code_chunks": len(seqs), "code_tokens": tokens}
-    return seqs, {**stats, "code_dropped": dropped}
+    return seqs, dict(code_texts=len(texts), code_chunks=len(seqs), code_tokens=tokens, code_dropped=dropped)
 
 
 def tokenize_and_pack(
