@@ -27,7 +27,10 @@ HOLDER = textwrap.dedent(
     if os.fork() == 0:
         os.setsid()
         if os.fork() == 0:
-            open(sys.argv[1], "w").write(str(os.getpid()))
+            # write then rename, so that the test never reads a created but still empty file
+            with open(sys.argv[1] + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.replace(sys.argv[1] + ".tmp", sys.argv[1])
             time.sleep(60)
         os._exit(0)
     time.sleep(float(sys.argv[2]))
