@@ -196,8 +196,12 @@ def test_gradient_accumulation_equals_one_big_micro_batch(
     a = run(tiny, toy_tasks, tmp_path / "a", steps=1, micro_batch_size=1, mini_batches=1)
     b = run(tiny, toy_tasks, tmp_path / "b", steps=1, micro_batch_size=32, mini_batches=1)
     assert a["last"]["kept_groups"] > 0 and a["last"]["loss"] == pytest.approx(b["last"]["loss"], abs=1e-6)
+    # the accumulated gradient's norm is what a wrong scaling (a sum instead of a mean) would change
+    assert a["last"]["grad_norm"] == pytest.approx(b["last"]["grad_norm"], rel=1e-5)
+    # Adam's first step is about lr * sign(g) (1e-3 here): where g is near 0 the summation order's float
+    # noise moves it by up to ~3e-6 (seen on 2 cores), so the weights agree to 1e-5, well below one update
     wa, wb = weights(Path(a["final"])), weights(Path(b["final"]))
-    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)
     assert any(not torch.equal(wa[k], weights(tiny)[k]) for k in wa)
 
 
