@@ -115,6 +115,7 @@ class RecordingEngine:
         self.calls.append(
             {
                 "greedy": "seed" not in kwargs and not kwargs.get("temperature"),
+                "prefix": prefix[-200:],  # enough for shaped_fill's view of the hole's line
                 "n": kwargs.get("n", 1),
                 "shape": kwargs.get("shape"),
                 "seconds": time.perf_counter() - start,
@@ -130,7 +131,7 @@ def greedy_fill(call: dict[str, Any], hole_cut: str) -> str:
     from dice.assistant.fills import shaped_fill
     from dice.assistant.prompting import InfillRequest
 
-    req = InfillRequest("", "", None, 0, line_aligned=hole_cut == "line", shape=call["shape"])
+    req = InfillRequest(call["prefix"], "", None, 0, line_aligned=hole_cut == "line", shape=call["shape"])
     return shaped_fill(req, call["texts"][0])
 
 
@@ -384,7 +385,8 @@ async def run_sets(args: argparse.Namespace, sets: list[HoleSet], meta: dict[str
         meta["validator"] = f"{pool.workers} validator workers"
         with AssistantService(settings, engine=recorder, validator=pool) as service:
             meta["model_info"] = service.model_info.describe()
-        run = Run(args, pool, recorder, read_hole_cut(args.model), settings, meta, stem)
+        meta["hole_cut"] = read_hole_cut(args.model)
+        run = Run(args, pool, recorder, meta["hole_cut"], settings, meta, stem)
         for hole_set in sets:
             await run_set(run, hole_set)
     meta["finished"] = True

@@ -196,6 +196,7 @@ def _markdown(
         f"- model: `{meta['model_path']}` ({meta['model_info']}); weights sha256 "
         + ", ".join(f"{k} `{v}`" for k, v in meta["weights_sha256"].items()),
         f"- settings: {meta['settings']}",
+        f"- hole cut (the model's dice.json): {meta.get('hole_cut', 'not recorded')}",
         f"- toolchain: {meta['nvcc']}; {meta['validator']}",
         *_set_lines(meta),
         "",

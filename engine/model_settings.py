@@ -1,10 +1,12 @@
 """Per-model prompting settings: ``dice.json`` beside a model's weights (optional).
 
-``{"infill_holes": "byte" | "line"}`` says how the model's infilling examples were cut, so every caller
-prompts it the way it was trained: the assistant's fills (``dice.assistant.prompting``), ``dice serve`` and
-BiC-RL's ``.cu`` rollouts (``training.rl.tasks``). "byte" (the default; the first dice-tiny's ``.cu`` holes
-were cut at a statement's bytes): the prompt's prefix and suffix meet at the mask comment. "line": a mask
-alone on its line(s) is prompted as whole lines (prefix to the line start, suffix from the next line).
+``{"infill_holes": "byte" | "line"}`` says how a hole's prompt is cut for the model, so every caller prompts
+it the same way: the assistant's fills (``dice.assistant.prompting``), ``dice serve`` and BiC-RL's ``.cu``
+rollouts (``training.rl.tasks``). "byte" (the default): the prompt's prefix and suffix meet at the mask
+comment. "line": a mask alone on its line(s) is prompted as whole lines (prefix to the line start, suffix
+from the next line). ``dice train corpus`` writes the cut its examples were made with; a shipped model may
+say the cut it was measured to fill better with (the embedded dice-tiny: trained on whole-line statement
+holes, shipped with "byte", ``benchmarks/results/dice_tiny_v3_hole_cut.md``).
 
 ``{"identifier_scope": "off" | "prompt"}`` (default "off"): "prompt" masks, while the model fills a hole,
 every token that spells a word the prompt does not show (``engine.scope``): the engine's infills and BiC-RL's

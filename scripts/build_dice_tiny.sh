@@ -15,7 +15,8 @@
 #   scripts/build_dice_tiny.sh eval      # CPU: held-out holes of never-seen projects, validated as the product
 #                                        #   validates (benchmarks/tiny_heldout.py), SFT and RL models; latency
 #   scripts/build_dice_tiny.sh ship      # copy the chosen model (SHIP=rl|sft) into engine/models/dice-tiny
-#                                        #   (SFT_CHAIN="RUN1 RUN2 ...": the SFT runs that continued each other)
+#                                        #   (SFT_CHAIN="RUN1 RUN2 ...": the SFT runs that continued each other;
+#                                        #   SHIP_HOLES=byte|line: how its prompts are cut, default byte)
 #   scripts/build_dice_tiny.sh smoke     # CPU: every stage above on a slice, a few steps (checks the script;
 #                                        #   SMOKE=1 with one stage name runs that stage of it)
 #
@@ -147,6 +148,17 @@ ship() {
         cp "$RUN/sft/"{loss_curve.csv,eval_curve.csv,loss_curve.png,summary.json} "$dest.new/"
     fi
     [[ -f $dest/MODEL_CARD.md ]] && cp "$dest/MODEL_CARD.md" "$dest.new/"
+    # How the assistant cuts a hole's prompt for the shipped model (dice.json "infill_holes"): the training
+    # examples are cut at whole lines, but dice-tiny v3 fills real projects' statement holes better when
+    # prompted at the mask's bytes (benchmarks/results/dice_tiny_v3_hole_cut.md): SHIP_HOLES=line keeps the
+    # training cut.
+    "$PY" - "$dest.new/dice.json" "${SHIP_HOLES:-byte}" <<'PYEOF'
+import json, sys
+path, cut = sys.argv[1], sys.argv[2]
+settings = json.load(open(path, encoding="utf-8"))
+settings["infill_holes"] = cut
+open(path, "w", encoding="utf-8").write(json.dumps(settings, indent=2) + "\n")
+PYEOF
     rm -rf "$dest" && mv "$dest.new" "$dest"
 }
 

@@ -68,8 +68,15 @@ class InfillRequest:
         return (self.prefix, self.suffix, self.context, self.max_new_tokens, self.line_aligned, self.shape)
 
     def mask_fill(self, middle: str) -> str:
-        """The text that replaces the mask comment's own range, given the engine's middle."""
-        return line_middle_to_mask_fill(middle) if self.line_aligned else middle
+        """The text that replaces the mask comment's own range, given the engine's middle. A byte-cut hole
+        that starts its line after the indentation (the prefix's last line is blanks only) keeps the file's
+        indentation: the first line's leading blanks a model writes again (" x = 1;") are dropped."""
+        if self.line_aligned:
+            return line_middle_to_mask_fill(middle)
+        last_line = self.prefix[self.prefix.rfind("\n") + 1 :]
+        if last_line and not last_line.strip(" \t"):
+            return middle.lstrip(" \t")
+        return middle
 
 
 # the line break (and blanks before it) that ends a line-aligned middle: the file keeps its own after the mask

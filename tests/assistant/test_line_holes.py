@@ -13,6 +13,7 @@ import pytest
 from dice.assistant import AssistantService, AssistantSettings
 from dice.assistant.prompting import (
     Hole,
+    InfillRequest,
     build_infill_request,
     line_aligned_span,
     line_middle_to_mask_fill,
@@ -81,7 +82,14 @@ def test_byte_cut_is_the_default() -> None:
     req = build_infill_request(doc, holes[0], default_max_new_tokens=64, budget_chars=None)
     assert not req.line_aligned
     assert req.prefix.endswith("threadIdx.x;\n    ") and req.suffix.startswith("  \n\tif (i < n)")
-    assert req.mask_fill("  x;\n") == "  x;\n"  # byte cuts map nothing
+    # the hole starts its line after the indentation: blanks a model writes before the code are dropped
+    # (the file keeps its own), the rest of the middle is kept as it is
+    assert req.mask_fill("  x;\n    y;") == "x;\n    y;"
+    after_code = build_infill_request(doc, holes[3], default_max_new_tokens=64, budget_chars=None)
+    assert after_code.mask_fill(" z = 2;") == " z = 2;"  # after code on its line: nothing is mapped
+    # a cursor in column 0: the indentation is the fill's own
+    at_line_start = InfillRequest("{\n", "\n}", None, 8)
+    assert at_line_start.mask_fill("    x;") == "    x;"
 
 
 def test_line_aligned_span_edges() -> None:
@@ -173,10 +181,10 @@ async def test_line_fills_splice_byte_exact(tmp_path: Path, newline: str) -> Non
 
 
 def test_embedded_model_on_tiled_matmul_is_deterministic(shared_pool, capsys) -> None:
-    """The greedy fill of examples/tiled_matmul.cu with the embedded dice-tiny (byte cuts, as it was
-    trained). It does not compile today (dice-tiny writes ``sum``, the kernel's accumulator is ``acc``), so
-    what is asserted is what is deterministic: the same statement on every run, spliced after the file's
-    indentation, with a compile verdict for the mask's line."""
+    """The greedy fill of examples/tiled_matmul.cu with the embedded dice-tiny (byte cuts, its dice.json).
+    Whether it compiles depends on the weights, so what is asserted is what is deterministic: the same
+    statement on every run, spliced after the file's indentation (no blanks of its own), with a compile
+    verdict for the mask's line."""
     args = [
         "complete",
         str(TILED_MATMUL),

@@ -183,9 +183,14 @@ def test_summary_and_results_files(bench: Any, tmp_path: Path) -> None:
 
 
 def test_greedy_fill_goes_through_the_services_cut(bench: Any) -> None:
-    call = {"texts": ["int k = 1;\n    more();"], "shape": "statement"}
+    call = {"texts": ["int k = 1;\n    more();"], "shape": "statement", "prefix": "{\n    "}
     assert bench.greedy_fill(call, "byte") == "int k = 1;"
-    assert bench.greedy_fill({"texts": ["a\nb"], "shape": None}, "byte") == "a\nb"
+    assert bench.greedy_fill({"texts": ["a\nb"], "shape": None, "prefix": "{\n"}, "byte") == "a\nb"
+    # after the hole's indentation the blanks a model writes again go, as the service drops them
+    call = {"texts": [" int k = 1;"], "shape": "statement", "prefix": "{\n    "}
+    assert bench.greedy_fill(call, "byte") == "int k = 1;"
+    call = {"texts": ["    int k = 1;\n"], "shape": "statement", "prefix": "{\n"}
+    assert bench.greedy_fill(call, "line") == "int k = 1;"
 
 
 def _heldout_data(root: Path) -> tuple[Path, Path]:

@@ -37,11 +37,40 @@ def test_models_and_health(served, tiny_engine):
     assert [m.id for m in models.data] == ["dice-tiny"]
     assert models.data[0].model_extra["max_model_len"] == tiny_engine.config.max_position_embeddings
     # the card declares the checkpoint's own hole cut (its dice.json) when the config names none, so a client
-    # prompts the served model as it prompts the same model in process (the embedded model says "line")
+    # prompts the served model as it prompts the same model in process (the embedded model says "byte")
     from engine.model_settings import read_hole_cut
 
-    assert models.data[0].model_extra["infill_holes"] == read_hole_cut(tiny_engine.path) == "line"
+    assert models.data[0].model_extra["infill_holes"] == read_hole_cut(tiny_engine.path) == "byte"
     assert httpx.get(served.url + "/health").json()["status"] == "ok"
+
+
+class _At:
+    """An engine seen from another checkpoint folder (``path``): everything else is the real engine's."""
+
+    def __init__(self, engine, path) -> None:
+        self._engine, self.path = engine, path
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+
+def test_the_card_reads_a_line_cut_from_the_checkpoint(tiny_engine, tmp_path):
+    """A checkpoint whose dice.json says "line" (not the default) is declared so on the card."""
+    import asyncio
+
+    from dice.serving import ServeConfig
+    from dice.serving.app import DiceServer
+
+    (tmp_path / "dice.json").write_text('{"infill_holes": "line"}')
+    for config, cut in (
+        (ServeConfig(model_name="m"), "line"),
+        (ServeConfig(model_name="m", infill_holes="byte"), "byte"),
+    ):
+        server = DiceServer(_At(tiny_engine, tmp_path), config)  # a named cut wins over the checkpoint's
+        try:
+            assert asyncio.run(server.models())["data"][0]["infill_holes"] == cut
+        finally:
+            server.close()
 
 
 def test_completion_is_the_engines_greedy_decode(served, tiny_engine):
