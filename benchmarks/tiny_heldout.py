@@ -115,7 +115,7 @@ class RecordingEngine:
         self.calls.append(
             {
                 "greedy": "seed" not in kwargs and not kwargs.get("temperature"),
-                "prefix": prefix[-200:],  # enough for shaped_fill's view of the hole's line
+                "prefix": prefix[prefix.rfind("\n") + 1 :],  # the hole's line: all mask_fill reads of it
                 "n": kwargs.get("n", 1),
                 "shape": kwargs.get("shape"),
                 "seconds": time.perf_counter() - start,
